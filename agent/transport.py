@@ -1,0 +1,204 @@
+"""ZeroMQ sockets for rankscope: ROUTER servers, DEALER clients, CURVE outside loopback.
+
+Policy in one place so every component gets the same guarantees:
+
+- every socket carries ``MAXMSGSIZE = protocol.MAX_FRAME_BYTES``, so libzmq drops an
+  oversized frame (and the peer's connection) before it is buffered in our process;
+- a ROUTER bound to anything but ``ipc://``, ``inproc://`` or a loopback TCP address
+  refuses to start without CURVE keys; with keys it is a CURVE server whose ZAP
+  handler (pyzmq's ``zmq.auth``) admits only the client public keys in ``allow_dir``;
+- a DEALER connecting to a non-local endpoint likewise needs CURVE keys and the
+  server's public key.
+
+The ZAP authenticator is per ZeroMQ context (it binds ``inproc://zeromq.zap.01``),
+so one is started lazily per context and shared by every CURVE ROUTER on it.
+"""
+from __future__ import annotations
+
+import ipaddress
+import threading
+import weakref
+from dataclasses import dataclass
+from pathlib import Path
+
+import zmq
+
+from agent.protocol import MAX_FRAME_BYTES
+
+_LOCAL_SCHEMES = ("ipc://", "inproc://")
+_LOCAL_NAMES = frozenset({"localhost", "ip6-localhost", "ip6-loopback"})
+
+
+class TransportError(ValueError):
+    """An endpoint or key configuration that must not be used; names the value."""
+
+
+@dataclass(frozen=True)
+class CurveKeys:
+    """A CURVE key pair (Z85 bytes) plus what the role needs.
+
+    Server (bind_router): ``allow_dir`` holds the ``*.key`` public-key certificates of
+    the clients it admits (``rankscope keys allow`` puts them there). Client
+    (connect_dealer): ``server_public`` is the server's public key.
+    """
+
+    public: bytes
+    secret: bytes
+    server_public: bytes | None = None
+    allow_dir: str | Path | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("public", "secret", "server_public"):
+            val = getattr(self, name)
+            if val is None and name == "server_public":
+                continue
+            if isinstance(val, str):
+                object.__setattr__(self, name, val.encode("ascii"))
+                val = getattr(self, name)
+            if not isinstance(val, bytes) or len(val) != 40:
+                raise TransportError(f"CurveKeys.{name}: expected a 40-character Z85 key, got {val!r:.60}")
+
+    @classmethod
+    def from_files(cls, secret_file: str | Path, *, server_public_file: str | Path | None = None,
+                   allow_dir: str | Path | None = None) -> "CurveKeys":
+        """Load ``zmq.auth`` certificate files (``name.key_secret``, ``server.key``)."""
+        import zmq.auth
+
+        public, secret = zmq.auth.load_certificate(str(secret_file))
+        if secret is None:
+            raise TransportError(f"secret_file: {secret_file} holds no secret key (use the .key_secret file)")
+        server_public = None
+        if server_public_file is not None:
+            server_public, _ = zmq.auth.load_certificate(str(server_public_file))
+        return cls(public, secret, server_public, allow_dir)
+
+
+def is_local(endpoint: str) -> bool:
+    """True for ipc/inproc and TCP endpoints on a loopback address (not ``*``/0.0.0.0)."""
+    if endpoint.startswith(_LOCAL_SCHEMES):
+        return True
+    if not endpoint.startswith("tcp://"):
+        return False
+    hostport = endpoint[len("tcp://"):]
+    # "tcp://iface;host:port" names a source interface; the destination is what counts.
+    hostport = hostport.split(";")[-1]
+    if hostport.startswith("["):
+        host = hostport[1:].split("]", 1)[0]
+    else:
+        host = hostport.rsplit(":", 1)[0]
+    if host.lower() in _LOCAL_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a hostname, "*", or an interface name: could be reachable from outside
+
+
+def _normalise_bind(endpoint: str) -> str:
+    # Port 0 is the usual "any free port" spelling; libzmq wants "*" for that.
+    if endpoint.startswith("tcp://") and endpoint.endswith(":0"):
+        return endpoint[:-2] + ":*"
+    return endpoint
+
+
+# One ZAP authenticator per context; weak keys so a terminated context frees its entry.
+_AUTHENTICATORS: "weakref.WeakKeyDictionary[zmq.Context, object]" = weakref.WeakKeyDictionary()
+_AUTH_LOCK = threading.Lock()
+
+
+def _authenticator(ctx: zmq.Context, allow_dir: str | Path) -> object:
+    from zmq.auth.thread import ThreadAuthenticator
+
+    allow = Path(allow_dir)
+    if not allow.is_dir():
+        raise TransportError(f"allow_dir: {allow} is not a directory of client public keys")
+    with _AUTH_LOCK:
+        auth = _AUTHENTICATORS.get(ctx)
+        if auth is None:
+            auth = ThreadAuthenticator(ctx)
+            auth.start()
+            _AUTHENTICATORS[ctx] = auth
+        # configure_curve reads every *.key in the directory now; calling it again on
+        # each bind picks up keys added since (rankscope keys allow).
+        auth.configure_curve(domain="*", location=str(allow))
+    return auth
+
+
+def stop_authenticator(ctx: zmq.Context) -> None:
+    """Stop the ZAP thread of ``ctx`` (call before ``ctx.term()``)."""
+    with _AUTH_LOCK:
+        auth = _AUTHENTICATORS.pop(ctx, None)
+    if auth is not None:
+        auth.stop()
+
+
+def _common_options(sock: zmq.Socket) -> None:
+    sock.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES)
+    # Ranks never wait on the wire: close drops what is queued after a short grace.
+    sock.setsockopt(zmq.LINGER, 200)
+
+
+def bind_router(ctx: zmq.Context, endpoint: str, curve: CurveKeys | None = None) -> tuple[zmq.Socket, str]:
+    """Bind a ROUTER on ``endpoint``; return it and the endpoint actually bound
+    (the real port when ``:0``/``:*`` was asked for).
+
+    A non-local endpoint without ``curve`` (or without ``curve.allow_dir``) is refused:
+    stats and control must never travel unauthenticated across a network.
+    """
+    local = is_local(endpoint)
+    if not local and curve is None:
+        raise TransportError(f"endpoint {endpoint!r} is not loopback/ipc: CURVE keys are required to bind it")
+    if curve is not None and curve.allow_dir is None:
+        raise TransportError(f"endpoint {endpoint!r}: CurveKeys.allow_dir is required for a CURVE server")
+    sock = ctx.socket(zmq.ROUTER)
+    try:
+        _common_options(sock)
+        # A peer that reconnects with its old identity (e.g. after a half-open TCP
+        # connection) takes the route over; otherwise replies would go to a dead pipe.
+        sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
+        if curve is not None:
+            _authenticator(ctx, curve.allow_dir)  # type: ignore[arg-type]
+            sock.curve_secretkey = curve.secret
+            sock.curve_publickey = curve.public
+            sock.curve_server = True
+        sock.bind(_normalise_bind(endpoint))
+        bound = sock.getsockopt_string(zmq.LAST_ENDPOINT)
+    except zmq.ZMQError as exc:
+        sock.close(0)
+        raise TransportError(f"cannot bind {endpoint!r}: {exc}") from exc
+    except BaseException:
+        sock.close(0)
+        raise
+    return sock, bound
+
+
+def connect_dealer(ctx: zmq.Context, endpoint: str, identity: bytes, curve: CurveKeys | None = None) -> zmq.Socket:
+    """Connect a DEALER with routing ``identity``; CURVE client when ``curve`` is given
+    (required for a non-local endpoint, with ``curve.server_public``).
+
+    ``IMMEDIATE`` is set so a send while the peer is unreachable fails with
+    ``zmq.Again`` instead of queueing into a pipe that may never drain: callers use
+    that to spool or count a drop.
+    """
+    if not isinstance(identity, bytes) or not identity:
+        raise TransportError(f"identity: expected non-empty bytes, got {identity!r:.60}")
+    if not is_local(endpoint) and curve is None:
+        raise TransportError(f"endpoint {endpoint!r} is not loopback/ipc: CURVE keys are required to connect")
+    if curve is not None and curve.server_public is None:
+        raise TransportError(f"endpoint {endpoint!r}: CurveKeys.server_public is required for a CURVE client")
+    sock = ctx.socket(zmq.DEALER)
+    try:
+        _common_options(sock)
+        sock.setsockopt(zmq.IDENTITY, identity)
+        sock.setsockopt(zmq.IMMEDIATE, 1)
+        sock.setsockopt(zmq.RECONNECT_IVL, 100)
+        sock.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
+        if curve is not None:
+            sock.curve_secretkey = curve.secret
+            sock.curve_publickey = curve.public
+            sock.curve_serverkey = curve.server_public
+        sock.connect(endpoint)
+    except zmq.ZMQError as exc:
+        sock.close(0)
+        raise TransportError(f"cannot connect {endpoint!r}: {exc}") from exc
+    return sock
