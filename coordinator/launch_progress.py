@@ -1,0 +1,61 @@
+"""What ``rankscope launch`` prints while a job runs and when it ends.
+
+Progress lines are printed only when something changed (ranks attached, a new step
+judged, an incident), so a long job is not a wall of repeats and a short one is not
+a silent minute.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+
+class ProgressPrinter:
+    def __init__(self, say: Callable[[str], None], every_steps: int = 1) -> None:
+        self.say = say
+        self.every_steps = every_steps
+        self._ranks = -1
+        self._judged = -1
+        self._incidents: set[str] = set()
+
+    def update(self, status: dict[str, Any]) -> None:
+        ranks = status.get("ranks") or {}
+        if len(ranks) != self._ranks:
+            self._ranks = len(ranks)
+            ids = ", ".join(str(r) for r in sorted(ranks, key=lambda r: int(r)))
+            self.say(f"{self._ranks} rank(s) attached: {ids}" if ranks else "waiting for ranks to attach")
+        judged = status.get("last_judged_step")
+        if judged is not None and judged >= 0 and judged != self._judged \
+                and (judged - self._judged >= self.every_steps or self._judged < 0):
+            self._judged = judged
+            steps = ", ".join(f"{r}:{info.get('step')}" for r, info in sorted(ranks.items(), key=lambda kv: int(kv[0])))
+            self.say(f"step {judged} judged across all ranks (rank:step {steps})")
+        for inc in status.get("incidents") or []:
+            iid = inc.get("incident_id")
+            if iid and iid not in self._incidents:
+                self._incidents.add(iid)
+                self.say(f"DIVERGENCE: {inc.get('detector')} names rank {inc.get('first_diverging_rank')} "
+                         f"at step {inc.get('step')} ({inc.get('tensor')}); state {inc.get('state', '?')}")
+
+
+def format_verdict(incident: dict[str, Any]) -> str:
+    """The end-of-run verdict: the one line a user reads, then where everything is."""
+    ties = incident.get("ties") or []
+    tie_note = f" (tied with rank(s) {', '.join(map(str, ties))})" if ties else ""
+    lines = [
+        "",
+        f"rankscope verdict: rank {incident.get('first_diverging_rank')} diverged first{tie_note}",
+        f"  detector : {incident.get('detector')}",
+        f"  step     : {incident.get('step')}",
+        f"  tensor   : {incident.get('tensor')}",
+    ]
+    rule = (incident.get("evidence") or {}).get("rule")
+    if rule:
+        lines.append(f"  rule     : {rule}")
+    if incident.get("dir"):
+        lines.append(f"  incident : {incident['dir']}")
+        lines.append(f"  report   : {incident['dir']}/report.html  (open it in a browser; it is self-contained)")
+    bundles = incident.get("bundles") or {}
+    if bundles:
+        lines.append(f"  bundles  : {len(bundles)} rank bundle(s): "
+                     + ", ".join(f"rank {r}" for r in sorted(bundles, key=lambda r: int(r))))
+    return "\n".join(lines)

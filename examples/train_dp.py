@@ -1,0 +1,111 @@
+"""A plain data-parallel MindSpore training script, with an optional injected fault.
+
+Nothing here knows about rankscope: ``rankscope launch -- msrun ... train_dp.py``
+attaches the probe from outside. Run it under msrun (4 CPU ranks here):
+
+    msrun --worker_num=4 --local_worker_num=4 --master_port=8118 --join=True examples/train_dp.py
+
+``TRAIN_FAULT=kind:rank:step`` injects one real fault on one rank at one step:
+
+- ``nan_batch``: one NaN in that rank's input batch. ReLU maps NaN to 0 on CPU, so the
+  loss stays finite; the NaN surfaces in fc1's output and its weight gradient, and the
+  AllReduce then spreads it to every rank's reduced gradient.
+- ``scale_grad``: that rank's local gradients are multiplied by ``TRAIN_FAULT_SCALE``
+  (default 50) before the reduction, as a faulty gradient kernel or a bad loss scale would.
+- ``perturb_weight``: fc2's weights on that rank are nudged by 1e-3 as the step begins,
+  as a bit flip or a bad optimizer step would; replicas stop being identical.
+- ``seed``: that rank initialises its model with a different seed.
+- ``kill``: that rank kills itself with SIGKILL at the start of the step.
+
+``TRAIN_STEPS`` (default 12) sets the number of steps.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+import numpy as np
+
+import mindspore as ms
+from mindspore import nn, ops
+from mindspore.communication import get_group_size, get_rank, init
+
+IN, HIDDEN, OUT, BATCH = 32, 64, 8, 16
+SEED = 1234
+
+
+class MLP(nn.Cell):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Dense(IN, HIDDEN)
+        self.relu1 = nn.ReLU()
+        self.fc2 = nn.Dense(HIDDEN, HIDDEN)
+        self.relu2 = nn.ReLU()
+        self.head = nn.Dense(HIDDEN, OUT)
+
+    def construct(self, x):
+        return self.head(self.relu2(self.fc2(self.relu1(self.fc1(x)))))
+
+
+def parse_fault(spec: str | None) -> tuple[str, int, int] | None:
+    if not spec:
+        return None
+    try:
+        kind, rank, step = spec.split(":")
+        return kind, int(rank), int(step)
+    except ValueError:
+        sys.exit(f"TRAIN_FAULT must be kind:rank:step, got {spec!r}")
+
+
+def batch_for(rank: int, step: int) -> tuple[np.ndarray, np.ndarray]:
+    """Each rank's shard of a fixed synthetic regression task (a random linear teacher)."""
+    teacher = np.random.RandomState(7).randn(IN, OUT).astype(np.float32) / np.sqrt(IN)
+    rs = np.random.RandomState(10_000 * (rank + 1) + step)
+    x = rs.randn(BATCH, IN).astype(np.float32)
+    y = (x @ teacher + 0.01 * rs.randn(BATCH, OUT)).astype(np.float32)
+    return x, y
+
+
+def main() -> int:
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    ms.set_device("CPU")
+    init()
+    rank, world = get_rank(), get_group_size()
+    fault = parse_fault(os.environ.get("TRAIN_FAULT"))
+    steps = int(os.environ.get("TRAIN_STEPS", "12"))
+    mine = fault if fault and fault[1] == rank else None
+
+    ms.set_seed(SEED + (1 if mine and mine[0] == "seed" else 0))
+    net = MLP()
+    loss_fn = nn.MSELoss()
+    optimizer = nn.Adam(net.trainable_params(), learning_rate=1e-2)
+    reducer = nn.DistributedGradReducer(optimizer.parameters)
+
+    def forward(x, y):
+        return loss_fn(net(x), y)
+
+    grad_fn = ms.value_and_grad(forward, None, optimizer.parameters)
+    scale = float(os.environ.get("TRAIN_FAULT_SCALE", "50"))
+
+    for step in range(steps):
+        if mine and mine[0] == "kill" and step == mine[2]:
+            print(f"rank {rank}: injecting SIGKILL at step {step}", flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+        x, y = batch_for(rank, step)
+        if mine and mine[0] == "nan_batch" and step == mine[2]:
+            x[3, 5] = np.nan
+        if mine and mine[0] == "perturb_weight" and step == mine[2]:
+            w = net.fc2.weight
+            w.set_data(w + ops.ones_like(w) * 1e-3)
+        loss, grads = grad_fn(ms.Tensor(x), ms.Tensor(y))
+        if mine and mine[0] == "scale_grad" and step == mine[2]:
+            grads = tuple(g * scale for g in grads)
+        grads = reducer(grads)
+        optimizer(grads)
+        print(f"rank {rank}/{world} step {step} loss {float(loss.asnumpy()):.6f}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
