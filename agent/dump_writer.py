@@ -1,0 +1,363 @@
+"""The local dump sink: msProbe's on-disk layout, so msProbe's own compare reads it.
+
+Layout (seeds/001 "Dump Result File", dynamic graph)::
+
+    dump_path/step{N}/rank{ID}/            (or proc{pid} while the rank is unknown)
+        dump.json         {"task", "level", "framework", "dump_data_dir", "data": entries}
+        stack.json        {"0": [[entry names...], stack], ...}  (msProbe groups names by stack)
+        construct.json    {entry name: parent name or null}
+        dump_error_info.log   only when something failed
+        dump_tensor_data/*.npy   tensor mode; names over 255 chars mapped via mapping.csv
+
+Every file appears whole or not at all (temp file in the same directory + rename),
+because a rank can die at any moment and a torn dump.json is worse than none.
+"""
+from __future__ import annotations
+
+import csv
+import datetime as _dt
+import hashlib
+import io
+import json
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from agent.records import StepOutput
+
+#: Longest file name most file systems accept (msProbe's FILE_NAME_LENGTH).
+MAX_FILE_NAME = 255
+TENSOR_DIR = "dump_tensor_data"
+MAPPING_CSV = "mapping.csv"
+ERROR_LOG = "dump_error_info.log"
+_MAPPING_HEADER = ("file_name", "original_file_name")
+#: How many (step, rank) dumps a writer remembers for merging repeated emits.
+_KEEP_STEPS = 4
+
+
+def _json_default(obj: Any) -> Any:
+    # Entries are built on the hot path; accept NumPy scalars/arrays rather than make
+    # every producer convert.
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, np.ndarray):
+        return obj.tolist()
+    if isinstance(obj, (bytes, bytearray)):
+        return obj.hex()
+    if isinstance(obj, os.PathLike):
+        return os.fspath(obj)
+    raise TypeError(f"{type(obj).__name__} is not JSON serialisable")
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` via a temp file in the same directory and a rename."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    try:
+        with open(tmp, "wb") as fh:
+            fh.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            tmp.unlink()
+        except OSError:
+            pass
+        raise
+
+
+def atomic_write_json(path: Path, obj: Any) -> None:
+    # indent=1 like msProbe's save_json; NaN/Inf are written as NaN/Infinity, which
+    # Python's json (and so msProbe) reads back.
+    text = json.dumps(obj, indent=1, default=_json_default, ensure_ascii=False)
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def mapped_file_name(name: str) -> str:
+    """32-digit stand-in for a file name too long for the file system.
+
+    msProbe/MindSpore use a random 32-digit string; a digest of the name is used here
+    instead so that two identical runs give bit-identical dumps.
+    """
+    digits = int.from_bytes(hashlib.sha256(name.encode("utf-8")).digest()[:16], "big") % 10**32
+    suffix = ".npy" if name.endswith(".npy") else ""
+    return f"{digits:032d}{suffix}"
+
+
+def group_stacks(stacks: dict) -> dict:
+    """Turn ``{entry name: stack}`` into msProbe's stack.json ``{"0": [[names], stack]}``.
+
+    A mapping already in msProbe's shape (digit keys, ``[names, stack]`` values) is
+    returned unchanged, so a producer may hand over either form.
+    """
+    if not stacks:
+        return {}
+    if all(isinstance(k, str) and k.isdigit() and isinstance(v, (list, tuple)) and len(v) == 2
+           and isinstance(v[0], list) for k, v in stacks.items()):
+        return dict(stacks)
+    grouped: dict[str, tuple[Any, list[str]]] = {}
+    for name, stack in stacks.items():
+        key = json.dumps(stack, default=_json_default, sort_keys=True)
+        if key not in grouped:
+            grouped[key] = (stack, [])
+        grouped[key][1].append(name)
+    return {str(i): [names, stack] for i, (stack, names) in enumerate(grouped.values())}
+
+
+class DumpWriter:
+    """Sink writing each selected step's records in msProbe's layout under ``dump_path``.
+
+    Never raises into training: failures are counted in :attr:`errors` and logged to
+    the step's ``dump_error_info.log`` (best effort).
+    """
+
+    def __init__(self, dump_path: str | os.PathLike, task: str = "statistics", level: str = "L1",
+                 summary_mode: str = "statistics") -> None:
+        self.dump_path = Path(os.path.abspath(os.fspath(dump_path)))
+        self.task = task
+        self.level = level
+        self.summary_mode = summary_mode
+        self.errors = 0
+        self.steps_written = 0
+        self._lock = threading.RLock()
+        # (step, label) -> what this writer has written there, so a second emit for the
+        # same step (stop/start inside one step) adds to the file instead of replacing it.
+        self._written: dict[tuple[int, str], dict] = {}
+        # (step, label) -> {original tensor file name: mapped name}
+        self._mapped: dict[tuple[int, str], dict[str, str]] = {}
+        self._alias: dict[str, str] = {}  # old label -> new label after rename_rank_folder
+
+    # ------------------------------------------------------------------ paths
+    def rank_dir(self, step: int, rank_label: str) -> Path:
+        label = self._alias.get(rank_label, rank_label)
+        return self.dump_path / f"step{int(step)}" / label
+
+    @property
+    def _json_name(self) -> str:
+        # msProbe's debug level (PrecisionDebugger.save only) writes debug.json instead.
+        return "debug.json" if self.level == "debug" else "dump.json"
+
+    # ------------------------------------------------------------------ Sink
+    def emit(self, out: StepOutput) -> None:
+        if not out.dump_selected:
+            return
+        step = int(out.batch.step)
+        try:
+            with self._lock:
+                self._write_step(step, out)
+        except Exception as exc:  # noqa: BLE001 - the probe never breaks training
+            self._fail(step, out.rank_label, f"writing step {step} failed: {exc!r}")
+
+    def close(self) -> None:
+        """Nothing is buffered: every emit is on disk when it returns."""
+
+    def _write_step(self, step: int, out: StepOutput) -> None:
+        label = self._alias.get(out.rank_label, out.rank_label)
+        key = (step, label)
+        rdir = self.rank_dir(step, label)
+        rdir.mkdir(parents=True, exist_ok=True)
+        prev = self._written.get(key)
+        if prev is None:
+            prev = {"data": {}, "stacks": {}, "construct": {}}
+            self._written[key] = prev
+            # Steps only move forward: remember a few recent ones, not the whole run.
+            while len(self._written) > _KEEP_STEPS:
+                old = next(iter(self._written))
+                self._written.pop(old)
+                self._mapped.pop(old, None)
+        entries = out.entries
+        mapped = self._mapped.get(key)
+        if mapped:
+            entries = _rename_data_names(entries, mapped)
+        prev["data"].update(entries)
+        prev["stacks"].update(out.stacks)
+        prev["construct"].update(out.construct)
+        tensor_dir = rdir / TENSOR_DIR
+        dump = {
+            "task": self.task,
+            "level": self.level,
+            "framework": "mindspore",
+            "dump_data_dir": str(tensor_dir) if self.task == "tensor" else None,
+            "data": prev["data"],
+        }
+        atomic_write_json(rdir / self._json_name, dump)
+        atomic_write_json(rdir / "stack.json", group_stacks(prev["stacks"]))
+        atomic_write_json(rdir / "construct.json", prev["construct"])
+        self.steps_written += 1
+
+    # ------------------------------------------------------------------ tensors
+    def write_tensor(self, step: int, rank_label: str, data_name: str, array: Any) -> str:
+        """Save one tensor as ``dump_tensor_data/<data_name>``; return the file name used.
+
+        The return value is what belongs in the entry's ``data_name``: it differs from
+        ``data_name`` only for names over 255 characters, which get a 32-digit name and a
+        row in ``mapping.csv`` (emit also rewrites such ``data_name`` values itself).
+        Unlike emit this raises on failure: the caller (a hook) logs and counts it.
+        """
+        if not isinstance(data_name, str) or not data_name or "/" in data_name or data_name in (".", ".."):
+            raise ValueError(f"data_name = {data_name!r}: expected a plain file name")
+        arr = np.asarray(array)
+        if arr.dtype == object:
+            raise ValueError(f"data_name = {data_name!r}: object arrays cannot be saved without pickle")
+        label = self._alias.get(rank_label, rank_label)
+        tdir = self.rank_dir(step, label) / TENSOR_DIR
+        with self._lock:
+            tdir.mkdir(parents=True, exist_ok=True)
+            file_name = data_name
+            if len(data_name.encode("utf-8")) > MAX_FILE_NAME:
+                file_name = mapped_file_name(data_name)
+                self._add_mapping(int(step), label, tdir, file_name, data_name)
+        buf = io.BytesIO()
+        np.save(buf, arr, allow_pickle=False)
+        atomic_write_bytes(tdir / file_name, buf.getvalue())
+        return file_name
+
+    def _add_mapping(self, step: int, label: str, tdir: Path, file_name: str, original: str) -> None:
+        table = self._mapped.setdefault((step, label), {})
+        if table.get(original) == file_name:
+            return
+        table[original] = file_name
+        rows = _read_mapping(tdir / MAPPING_CSV)
+        rows[file_name] = original
+        text = io.StringIO()
+        writer = csv.writer(text, lineterminator="\n")
+        writer.writerow(_MAPPING_HEADER)
+        writer.writerows(sorted(rows.items()))
+        atomic_write_bytes(tdir / MAPPING_CSV, text.getvalue().encode("utf-8"))
+
+    # ------------------------------------------------------------------ errors
+    def log_error(self, step: int, rank_label: str, msg: str) -> None:
+        """Append one line to the step's dump_error_info.log; never raises."""
+        try:
+            rdir = self.rank_dir(step, rank_label)
+            rdir.mkdir(parents=True, exist_ok=True)
+            stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S %z")
+            with self._lock, open(rdir / ERROR_LOG, "a", encoding="utf-8") as fh:
+                fh.write(f"[{stamp}] {msg}\n")
+        except Exception:  # noqa: BLE001
+            pass
+
+    def _fail(self, step: int, rank_label: str, msg: str) -> None:
+        self.errors += 1
+        self.log_error(step, rank_label, msg)
+
+    # ------------------------------------------------------------------ rank rename
+    def rename_rank_folder(self, old_label: str, new_label: str) -> list[Path]:
+        """Move every ``step*/old_label`` to ``step*/new_label`` once the rank is known.
+
+        Never overwrites: when the target exists, entries that do not clash are moved in
+        and clashing ones stay in the old folder, noted in the target's error log.
+        Later writes under ``old_label`` go to ``new_label``. Returns the folders kept
+        because of clashes (empty when everything moved).
+        """
+        kept: list[Path] = []
+        with self._lock:
+            if old_label == new_label:
+                return kept
+            self._alias[old_label] = new_label
+            for key in [k for k in self._written if k[1] == old_label]:
+                self._written[(key[0], new_label)] = self._written.pop(key)
+            for key in [k for k in self._mapped if k[1] == old_label]:
+                self._mapped[(key[0], new_label)] = self._mapped.pop(key)
+            if not self.dump_path.is_dir():
+                return kept
+            for step_dir in sorted(self.dump_path.glob("step*")):
+                src, dst = step_dir / old_label, step_dir / new_label
+                if not src.is_dir():
+                    continue
+                if not dst.exists():
+                    try:
+                        # rename(2) silently replaces an *empty* dst, so claim dst with
+                        # mkdir first; then replacing our own empty dir is safe, and if
+                        # anything appeared in it meanwhile rename fails and we merge.
+                        dst.mkdir()
+                        os.rename(src, dst)
+                        self._repoint_tensor_dir(dst)
+                        continue
+                    except OSError:
+                        pass
+                clashes = _merge_dir(src, dst)
+                self._repoint_tensor_dir(dst)
+                if clashes:
+                    kept.append(src)
+                    self._note(dst, f"{src} kept: {len(clashes)} file(s) already present in {dst.name}: "
+                               + ", ".join(sorted(clashes)[:10]))
+                else:
+                    _rmdir_quiet(src)
+        return kept
+
+    def _repoint_tensor_dir(self, rdir: Path) -> None:
+        """A moved dump.json still names the old folder in dump_data_dir: point it here."""
+        path = rdir / self._json_name
+        try:
+            dump = json.loads(path.read_text(encoding="utf-8"))
+            if isinstance(dump, dict) and dump.get("dump_data_dir"):
+                dump["dump_data_dir"] = str(rdir / TENSOR_DIR)
+                atomic_write_json(path, dump)
+        except (OSError, ValueError):
+            pass  # no dump.json here (only tensors moved so far), or not ours
+
+    def _note(self, rdir: Path, msg: str) -> None:
+        try:
+            stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S %z")
+            with open(rdir / ERROR_LOG, "a", encoding="utf-8") as fh:
+                fh.write(f"[{stamp}] {msg}\n")
+        except OSError:
+            pass
+
+
+def _merge_dir(src: Path, dst: Path) -> list[str]:
+    """Move src's contents into dst without replacing anything; return clashing names."""
+    clashes: list[str] = []
+    for item in sorted(src.iterdir()):
+        target = dst / item.name
+        if item.is_dir() and target.is_dir():
+            clashes.extend(f"{item.name}/{c}" for c in _merge_dir(item, target))
+            if not any(item.iterdir()):
+                _rmdir_quiet(item)
+        elif target.exists() or target.is_symlink():
+            clashes.append(item.name)
+        else:
+            try:
+                # link+unlink instead of rename: link fails if the name appeared meanwhile.
+                if item.is_dir():
+                    target.mkdir()
+                    clashes.extend(f"{item.name}/{c}" for c in _merge_dir(item, target))
+                    _rmdir_quiet(item)
+                else:
+                    os.link(item, target)
+                    item.unlink()
+            except FileExistsError:
+                clashes.append(item.name)
+    return clashes
+
+
+def _rmdir_quiet(path: Path) -> None:
+    try:
+        path.rmdir()
+    except OSError:
+        pass
+
+
+def _read_mapping(path: Path) -> dict[str, str]:
+    if not path.exists():
+        return {}
+    with open(path, newline="", encoding="utf-8") as fh:
+        rows = list(csv.reader(fh))
+    return {r[0]: r[1] for r in rows[1:] if len(r) >= 2}
+
+
+def _rename_data_names(obj: Any, mapped: dict[str, str]) -> Any:
+    """Copy of an entries tree with every over-long ``data_name`` replaced by its file name."""
+    if isinstance(obj, dict):
+        out = {}
+        for k, v in obj.items():
+            if k == "data_name" and isinstance(v, str) and v in mapped:
+                out[k] = mapped[v]
+            else:
+                out[k] = _rename_data_names(v, mapped)
+        return out
+    if isinstance(obj, list):
+        return [_rename_data_names(v, mapped) for v in obj]
+    return obj
