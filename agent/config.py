@@ -279,6 +279,11 @@ def _read_file(config_path: str | os.PathLike) -> dict:
     return raw
 
 
+def _first(*values: Any) -> Any:
+    """First value that is not None (0 or "" are values, and get validated)."""
+    return next(v for v in values if v is not None)
+
+
 def load_config(config_path: str | os.PathLike | None = None, *, task: str | None = None,
                 dump_path: str | None = None, level: str | None = None,
                 step: list | None = None) -> DebuggerConfig:
@@ -292,11 +297,9 @@ def config_from_dict(raw: dict, *, task: str | None = None, dump_path: str | Non
     """Same as :func:`load_config` for an already-parsed dict."""
     _check_keys(raw, "", _TOP_KEYS)
     # Constructor arguments are checked under their own names so the error says which one.
-    eff_task = _choice(task, "task", TASKS) if task is not None else \
-        _choice(raw.get("task") or "statistics", "task", TASKS)
-    eff_level = _choice(level, "level", LEVELS) if level is not None else \
-        _choice(raw.get("level") or "L1", "level", LEVELS)
-    eff_dump = dump_path if dump_path is not None else raw.get("dump_path") or "./dump_path"
+    eff_task = _choice(_first(task, raw.get("task"), "statistics"), "task", TASKS)
+    eff_level = _choice(_first(level, raw.get("level"), "L1"), "level", LEVELS)
+    eff_dump = _first(dump_path, raw.get("dump_path"), "./dump_path")
     if isinstance(eff_dump, os.PathLike):
         eff_dump = os.fspath(eff_dump)
     if not isinstance(eff_dump, str) or not eff_dump:
