@@ -1,0 +1,169 @@
+"""RdrRecorder in real rank processes: exception, thread exception, SIGTERM, SIGABRT,
+segfault (faulthandler) + on-behalf adoption, mode 2 normal exit, mode 1 normal exit."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from agent.rdr.bundle import FATAL_STACKS, MANIFEST, verify_bundle, write_bundle
+from agent.rdr.steps_file import load_steps
+
+REPO = Path(__file__).resolve().parents[1]
+
+# A stand-in rank: feeds a flight recorder a few steps, installs RDR from MS_RDR_* env
+# (so the env path of resolve_rdr is exercised end to end), then ends as argv[1] says.
+RANK = textwrap.dedent("""
+    import os, signal, sys, threading, time
+    from agent.rdr.flight_recorder import FlightRecorder
+    from agent.rdr.recorder import install_rdr
+    from agent.records import Kind, NameTable, StepBatchBuilder
+    action = sys.argv[1]
+    names, fr = NameTable(), FlightRecorder(3)
+    for step in range(5):
+        b = StepBatchBuilder(names)
+        b.add("Sentinel.loss", Kind.LOSS, (1.0 / (step + 1),) * 4, numel=1)
+        fr.emit(b.build("job", 1, step))
+    if action == "chain":
+        sys.excepthook = lambda *a: (print("USER_HOOK_RAN", flush=True), sys.__excepthook__(*a))
+        signal.signal(signal.SIGTERM, lambda s, f: (print("USER_SIGTERM_RAN", flush=True), sys.exit(7)))
+    rec = install_rdr(None, rank=os.environ.get("RANK_ID"), flight_recorder=fr,
+                      config={"task": "statistics"}, seeds={"seed": 42},
+                      context=lambda: {"last_step": fr.last_step()})
+    def train_step_that_hangs():
+        print("READY", flush=True)
+        time.sleep(60)
+    if action == "raise":
+        raise ValueError("loss exploded at step 4")
+    if action == "thread":
+        t = threading.Thread(target=lambda: 1 / 0, name="data-loader")
+        t.start(); t.join()
+        print("MAIN_CONTINUES", flush=True)
+    if action in ("wait", "chain"):
+        train_step_that_hangs()
+    if action == "segv":
+        import faulthandler
+        print("READY", flush=True)
+        faulthandler._sigsegv()
+    print("NORMAL_END", flush=True)
+""")
+
+
+def run_rank(tmp_path, action, mode=1, signal_after_ready=None, rank="1"):
+    env = dict(os.environ, MS_RDR_ENABLE="1", MS_RDR_MODE=str(mode), MS_RDR_PATH=str(tmp_path / "rdr"),
+               RANK_ID=rank, PYTHONPATH=str(REPO), RANKSCOPE_TEST_SECRET_TOKEN="do-not-leak-me")
+    proc = subprocess.Popen([sys.executable, "-c", RANK, action], env=env, cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    if signal_after_ready is not None:
+        assert proc.stdout.readline().strip() == "READY"
+        proc.send_signal(signal_after_ready)
+    out, err = proc.communicate(timeout=60)
+    return proc.returncode, out, err
+
+
+def bundles(tmp_path, rank="1"):
+    rank_dir = tmp_path / "rdr" / f"rank_{rank}"
+    return sorted(p for p in rank_dir.glob("rdr*") if p.is_dir()) if rank_dir.is_dir() else []
+
+
+def check_bundle(d, reason_part):
+    man = json.loads((d / MANIFEST).read_text())
+    assert man["complete"] is True and reason_part in man["reason"], man
+    assert verify_bundle(d) == []
+    batches, _ = load_steps((d / "flight_recorder_steps.msgpack").read_bytes())
+    assert [b.step for b in batches] == [2, 3, 4]
+    assert json.loads((d / "last_step.json").read_text()) == 4
+    assert json.loads((d / "seeds.json").read_text()) == {"seed": 42}
+    assert "do-not-leak-me" not in (d / "environment.json").read_text()
+    return man
+
+
+def test_uncaught_exception_writes_bundle(tmp_path):
+    code, out, err = run_rank(tmp_path, "raise")
+    assert code == 1 and "ValueError: loss exploded at step 4" in err  # the default hook still ran
+    [d] = bundles(tmp_path)
+    check_bundle(d, "ValueError")
+    assert "ValueError: loss exploded at step 4" in (d / "exception.txt").read_text()
+    assert not (d / FATAL_STACKS).exists()
+
+
+def test_thread_exception_writes_bundle_and_process_continues(tmp_path):
+    code, out, err = run_rank(tmp_path, "thread")
+    assert code == 0 and "MAIN_CONTINUES" in out and "NORMAL_END" in out
+    assert "ZeroDivisionError" in err  # threading's default hook chained
+    [d] = bundles(tmp_path)  # mode 1: the normal end afterwards adds nothing
+    check_bundle(d, "thread data-loader")
+    assert "ZeroDivisionError" in (d / "exception.txt").read_text()
+
+
+def test_sigterm_writes_bundle_and_dies_by_sigterm(tmp_path):
+    code, out, err = run_rank(tmp_path, "wait", signal_after_ready=signal.SIGTERM)
+    assert code == -signal.SIGTERM  # the parent (msrun) still sees the true cause
+    [d] = bundles(tmp_path)
+    check_bundle(d, "SIGTERM")
+    assert "train_step_that_hangs" in (d / "thread_stacks.txt").read_text()
+
+
+def test_previous_handlers_are_chained(tmp_path):
+    code, out, err = run_rank(tmp_path, "chain", signal_after_ready=signal.SIGTERM)
+    assert code == 7 and "USER_SIGTERM_RAN" in out
+    [d] = bundles(tmp_path)
+    check_bundle(d, "SIGTERM")
+
+
+def test_sigabrt_writes_bundle_with_faulthandler_stacks(tmp_path):
+    code, out, err = run_rank(tmp_path, "wait", signal_after_ready=signal.SIGABRT)
+    assert code == -signal.SIGABRT
+    [d] = bundles(tmp_path)
+    man = check_bundle(d, "SIGABRT")
+    assert FATAL_STACKS in {f["path"] for f in man["files"]}
+    assert "Fatal Python error: Aborted" in (d / FATAL_STACKS).read_text()
+
+
+def test_segfault_leaves_stacks_that_the_on_behalf_bundle_adopts(tmp_path):
+    code, out, err = run_rank(tmp_path, "segv")
+    assert code == -signal.SIGSEGV
+    [d] = bundles(tmp_path)
+    assert not (d / MANIFEST).exists()  # the rank could not write its own bundle
+    stacks = (d / FATAL_STACKS).read_text()
+    assert "Segmentation fault" in stacks and "<module>" in stacks
+    # What the node agent does for a dead rank: same root, same rank -> adopts the directory.
+    again = write_bundle(tmp_path / "rdr", 1, reason="rank lost: SIGSEGV", on_behalf=True)
+    assert again == d
+    man = json.loads((d / MANIFEST).read_text())
+    assert man["on_behalf"] is True and man["complete"] is True
+    assert FATAL_STACKS in {f["path"] for f in man["files"]} and verify_bundle(d) == []
+
+
+def test_mode2_normal_exit_writes_bundle(tmp_path):
+    code, out, err = run_rank(tmp_path, "exit", mode=2)
+    assert code == 0 and "NORMAL_END" in out
+    [d] = bundles(tmp_path)
+    check_bundle(d, "normal exit")
+    assert not (d / "exception.txt").exists()
+
+
+def test_mode1_normal_exit_writes_nothing(tmp_path):
+    code, out, err = run_rank(tmp_path, "exit", mode=1)
+    assert code == 0 and "NORMAL_END" in out
+    assert not (tmp_path / "rdr").exists()  # reservation removed, root it created removed too
+
+
+def test_mode2_after_exception_writes_one_bundle(tmp_path):
+    code, out, err = run_rank(tmp_path, "raise", mode=2)
+    assert code == 1
+    [d] = bundles(tmp_path)
+    check_bundle(d, "ValueError")
+
+
+def test_disabled_installs_nothing():
+    from agent.rdr.recorder import RdrRecorder
+    from agent.rdr.settings import RdrSettings
+
+    hook = sys.excepthook
+    rec = RdrRecorder(RdrSettings(enable=False)).install()
+    assert sys.excepthook is hook and rec.bundles == []
