@@ -1,0 +1,374 @@
+"""The Helm chart lints strictly, renders with Helm's own Go SDK (helm-python-sdk, no helm
+binary, no cluster), and every object it renders is valid Kubernetes 1.30
+(kubernetes-validate); the RayCluster custom resource is checked against the ray.io/v1
+fields KubeRay documents, its pod templates against the core PodTemplateSpec schema.
+One test per values combination that matters, and bad values must fail at install."""
+from __future__ import annotations
+
+import base64
+import re
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+import helm_python as helm
+
+CHART = Path(__file__).resolve().parents[1] / "helm" / "rankscope"
+KUBE = "1.30"
+RELEASE, NAMESPACE = "rs", "ml"
+FULLNAME = "rs-rankscope"
+
+# Cert files in zmq.auth's format, as `rankscope keys` writes them (keys are dummies:
+# the chart only carries the text).
+PUB = 'metadata\ncurve\n    public-key = "{k}"\n'
+SEC = 'metadata\ncurve\n    public-key = "{k}"\n    secret-key = "{s}"\n'
+KEYS = {
+    "coordinatorPublic": PUB.format(k="C" * 40),
+    "coordinatorSecret": SEC.format(k="C" * 40, s="c" * 40),
+    "agentPublic": PUB.format(k="A" * 40),
+    "agentSecret": SEC.format(k="A" * 40, s="a" * 40),
+}
+
+# The values combinations a user will actually install.
+COMBOS: dict[str, dict[str, Any]] = {
+    "defaults": {},
+    "curve-created": {"curve": {"create": True, "keys": KEYS}},
+    "existing-secret": {"curve": {"existingSecret": "team-curve-keys"}},
+    "hostpid": {"agent": {"hostPID": True}},
+    "scheduling": {"agent": {
+        "nodeSelector": {"accelerator": "ascend-910b"},
+        "tolerations": [{"key": "huawei.com/Ascend910", "operator": "Exists", "effect": "NoSchedule"}],
+        "priorityClassName": "system-node-critical"}},
+    "no-persistence": {"exports": {"persistence": {"enabled": False},
+                                   "volume": {"nfs": {"server": "nfs.example", "path": "/rankscope"}}}},
+    "existing-claim": {"exports": {"persistence": {"existingClaim": "evidence"}}},
+    "workers-nodeport": {"ray": {"workerGroups": [{"groupName": "cpu", "replicas": 2, "maxReplicas": 4,
+                                                   "resources": {"requests": {"cpu": "2"}}}]},
+                         "coordinator": {"service": {"type": "NodePort", "nodePort": 30555}}},
+    "agents-off": {"agent": {"enabled": False}, "ray": {"head": {"rayStartParams": {"dashboard-host": None}}}},
+    "prepared-hosts": {"agent": {"prepareHostDirs": False}},
+}
+
+# ---- KubeRay's RayCluster (ray.io/v1), from raycluster_types.go: the fields it documents,
+# nothing else (a typo'd field would be silently dropped by the API server).
+_STRMAP = {"type": "object", "additionalProperties": {"type": "string"}}
+_INT32 = {"type": "integer", "minimum": 0, "maximum": 2**31 - 1}
+RAYCLUSTER_SCHEMA = {
+    "type": "object",
+    "required": ["apiVersion", "kind", "metadata", "spec"],
+    "properties": {
+        "apiVersion": {"const": "ray.io/v1"},
+        "kind": {"const": "RayCluster"},
+        "metadata": {"type": "object", "required": ["name"]},
+        "spec": {
+            "type": "object", "additionalProperties": False, "required": ["headGroupSpec"],
+            "properties": {
+                "rayVersion": {"type": "string"},
+                "enableInTreeAutoscaling": {"type": "boolean"},
+                "autoscalerOptions": {"type": "object"},
+                "headServiceAnnotations": _STRMAP,
+                "suspend": {"type": "boolean"},
+                "headGroupSpec": {
+                    "type": "object", "additionalProperties": False, "required": ["template"],
+                    "properties": {
+                        "serviceType": {"enum": ["ClusterIP", "NodePort", "LoadBalancer"]},
+                        "headService": {"type": "object"},
+                        "enableIngress": {"type": "boolean"},
+                        "rayStartParams": _STRMAP,
+                        "template": {"type": "object"},
+                    }},
+                "workerGroupSpecs": {"type": "array", "items": {
+                    "type": "object", "additionalProperties": False,
+                    "required": ["groupName", "template"],
+                    "properties": {
+                        "groupName": {"type": "string", "minLength": 1},
+                        "replicas": _INT32, "minReplicas": _INT32, "maxReplicas": _INT32,
+                        "numOfHosts": _INT32, "rayStartParams": _STRMAP,
+                        "template": {"type": "object"}, "scaleStrategy": {"type": "object"},
+                    }}},
+            }},
+    },
+}
+
+
+def validate_raycluster(obj: dict) -> None:
+    jsonschema.validate(obj, RAYCLUSTER_SCHEMA)
+    spec = obj["spec"]
+    templates = [spec["headGroupSpec"]["template"]] + [w["template"] for w in spec.get("workerGroupSpecs", [])]
+    for template in templates:
+        # A pod template is core Kubernetes: wrap it as a PodTemplate for the 1.30 schema.
+        kubernetes_validate.validate({"apiVersion": "v1", "kind": "PodTemplate",
+                                      "metadata": {"name": "t"}, "template": template}, KUBE, strict=True)
+        # KubeRay starts Ray in the first container.
+        assert template["spec"]["containers"][0]["name"].startswith("ray-")
+    for w in spec.get("workerGroupSpecs", []):
+        assert w["minReplicas"] <= w["replicas"] <= w["maxReplicas"], w
+
+
+def validate_object(obj: dict) -> None:
+    if obj["apiVersion"] == "ray.io/v1":
+        validate_raycluster(obj)
+    else:
+        kubernetes_validate.validate(obj, KUBE, strict=True)
+
+
+# ---- rendering -----------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def chart():
+    with helm.Chart.load(CHART) as loaded:
+        yield loaded
+
+
+def render(chart, values: dict | None = None) -> tuple[dict[str, dict], str]:
+    """{"Kind/name": object} and the NOTES text."""
+    manifests = chart.render(values or {}, name=RELEASE, namespace=NAMESPACE, is_install=True)
+    objects: dict[str, dict] = {}
+    notes = ""
+    for path, text in manifests.items():
+        if path.endswith("NOTES.txt"):
+            notes = text
+            continue
+        for doc in yaml.safe_load_all(text):
+            if doc:
+                objects[f"{doc['kind']}/{doc['metadata']['name']}"] = doc
+    return objects, notes
+
+
+def daemonset(objs: dict) -> dict:
+    return objs[f"DaemonSet/{FULLNAME}-agent"]
+
+
+def head_pod(objs: dict) -> dict:
+    return objs[f"RayCluster/{FULLNAME}"]["spec"]["headGroupSpec"]["template"]["spec"]
+
+
+def container(pod_spec: dict, name: str) -> dict:
+    return next(c for c in pod_spec["containers"] if c["name"] == name)
+
+
+def flag(args: list[str], name: str) -> str:
+    return args[args.index(name) + 1]
+
+
+def volume(pod_spec: dict, name: str) -> dict:
+    return next(v for v in pod_spec["volumes"] if v["name"] == name)
+
+
+# ---- lint + validate every combination -------------------------------------------------------
+
+@pytest.mark.parametrize("combo", COMBOS)
+def test_lint_strict(combo):
+    report = helm.lint(CHART, COMBOS[combo], strict=True, kube_version=f"v{KUBE}.0",
+                       namespace=NAMESPACE)
+    problems = [m for m in report["messages"] if m["severity"] >= 2]  # warning or error
+    assert not problems and not report["errors"], report
+
+
+@pytest.mark.parametrize("combo", COMBOS)
+def test_renders_valid_kubernetes(chart, combo):
+    objs, notes = render(chart, COMBOS[combo])
+    assert f"RayCluster/{FULLNAME}" in objs and f"Service/{FULLNAME}-coordinator" in objs
+    for key, obj in objs.items():
+        try:
+            validate_object(obj)
+        except (kubernetes_validate.ValidationError, jsonschema.ValidationError) as exc:
+            pytest.fail(f"{key} ({combo}) is not valid Kubernetes {KUBE}: {exc.message}")
+    assert notes.strip()
+
+
+# ---- what the defaults promise -----------------------------------------------------------------
+
+def test_defaults_agent_is_least_privileged(chart):
+    objs, _ = render(chart)
+    pod = daemonset(objs)["spec"]["template"]["spec"]
+    agent = container(pod, "agent")
+    assert not pod.get("hostPID") and not pod.get("hostNetwork") and not pod.get("hostIPC")
+    assert pod["automountServiceAccountToken"] is False
+    assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] > 0
+    sc = agent["securityContext"]
+    assert sc["allowPrivilegeEscalation"] is False and sc["capabilities"]["drop"] == ["ALL"]
+    assert not sc.get("privileged") and "add" not in sc["capabilities"]
+    # The only root step is the host-dir preparation, and it gets CHOWN/FOWNER only.
+    init = pod["initContainers"][0]["securityContext"]
+    assert init["capabilities"] == {"drop": ["ALL"], "add": ["CHOWN", "FOWNER"]}
+    assert init["allowPrivilegeEscalation"] is False
+    assert agent["resources"]["requests"] and agent["resources"]["limits"]
+    assert agent["readinessProbe"]["exec"]["command"] == ["test", "-S", "/run/rankscope/agent.sock"]
+    assert agent["livenessProbe"]["exec"]["command"] == ["test", "-S", "/run/rankscope/agent.sock"]
+    node_name = next(e for e in agent["env"] if e["name"] == "NODE_NAME")
+    assert node_name["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+
+
+def test_defaults_wire_agents_to_the_coordinator(chart):
+    objs, _ = render(chart)
+    pod = daemonset(objs)["spec"]["template"]["spec"]
+    args = container(pod, "agent")["args"]
+    service = objs[f"Service/{FULLNAME}-coordinator"]
+    port = service["spec"]["ports"][0]
+    assert flag(args, "--coordinator") == f"tcp://{FULLNAME}-coordinator.{NAMESPACE}.svc:{port['port']}"
+    assert flag(args, "--listen") == "ipc:///run/rankscope/agent.sock"
+    # The Service reaches the head pod by KubeRay's labels, on a port the head declares.
+    assert service["spec"]["selector"] == {"ray.io/cluster": FULLNAME, "ray.io/node-type": "head"}
+    head = head_pod(objs)
+    ray_head = container(head, "ray-head")
+    assert port["targetPort"] in {p["name"] for p in ray_head["ports"]}
+    coord_args = container(head, "coordinator")["args"]
+    assert flag(coord_args, "--bind") == f"tcp://0.0.0.0:{port['port']}"
+    # The socket directory is the same host path the training pods are told to mount.
+    socket_vol = volume(pod, "socket-dir")
+    assert socket_vol["hostPath"]["path"] == "/run/rankscope"
+    # Exports: a PVC, mounted where the coordinator is told to export.
+    pvc = objs[f"PersistentVolumeClaim/{FULLNAME}-exports"]
+    assert volume(head, "exports")["persistentVolumeClaim"]["claimName"] == pvc["metadata"]["name"]
+    mounts = {m["name"]: m["mountPath"] for m in ray_head["volumeMounts"]}
+    assert mounts["exports"] == flag(coord_args, "--export-dir")
+
+
+def test_agents_never_get_the_coordinator_secret_key(chart):
+    objs, _ = render(chart)
+    agent_items = {i["key"] for i in volume(daemonset(objs)["spec"]["template"]["spec"], "curve")["secret"]["items"]}
+    assert agent_items == {"agent.key", "agent.key_secret", "coordinator.key"}
+    head_items = {i["path"] for i in volume(head_pod(objs), "curve")["secret"]["items"]}
+    assert "agent.key_secret" not in head_items and "allowed/agent.key" in head_items
+
+
+# ---- one test per values combination ---------------------------------------------------------
+
+def test_curve_secret_created_by_chart(chart):
+    objs, notes = render(chart, COMBOS["curve-created"])
+    secret = objs[f"Secret/{FULLNAME}-curve"]
+    decoded = {k: base64.b64decode(v).decode() for k, v in secret["data"].items()}
+    assert decoded == {"coordinator.key": KEYS["coordinatorPublic"], "coordinator.key_secret": KEYS["coordinatorSecret"],
+                       "agent.key": KEYS["agentPublic"], "agent.key_secret": KEYS["agentSecret"]}
+    assert volume(head_pod(objs), "curve")["secret"]["secretName"] == f"{FULLNAME}-curve"
+    assert volume(daemonset(objs)["spec"]["template"]["spec"], "curve")["secret"]["secretName"] == f"{FULLNAME}-curve"
+    assert f"{FULLNAME}-curve" in notes
+
+
+def test_existing_secret_is_used_not_created(chart):
+    objs, _ = render(chart, COMBOS["existing-secret"])
+    assert not [k for k in objs if k.startswith("Secret/")]
+    assert volume(head_pod(objs), "curve")["secret"]["secretName"] == "team-curve-keys"
+    assert volume(daemonset(objs)["spec"]["template"]["spec"], "curve")["secret"]["secretName"] == "team-curve-keys"
+
+
+def test_hostpid_only_when_asked(chart):
+    on, _ = render(chart, COMBOS["hostpid"])
+    off, _ = render(chart)
+    assert daemonset(on)["spec"]["template"]["spec"]["hostPID"] is True
+    assert "hostPID" not in daemonset(off)["spec"]["template"]["spec"]
+    # hostPID never brings other privileges with it.
+    agent = container(daemonset(on)["spec"]["template"]["spec"], "agent")
+    assert agent["securityContext"]["capabilities"]["drop"] == ["ALL"]
+
+
+def test_custom_node_selector_and_tolerations(chart):
+    values = COMBOS["scheduling"]["agent"]
+    objs, _ = render(chart, COMBOS["scheduling"])
+    pod = daemonset(objs)["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] == values["nodeSelector"]
+    assert pod["tolerations"] == values["tolerations"]
+    assert pod["priorityClassName"] == values["priorityClassName"]
+    assert "nodeSelector" not in head_pod(objs)  # the head is scheduled independently
+
+
+def test_exports_without_persistence_use_the_given_volume(chart):
+    objs, notes = render(chart, COMBOS["no-persistence"])
+    assert not [k for k in objs if k.startswith("PersistentVolumeClaim/")]
+    assert volume(head_pod(objs), "exports")["nfs"] == {"server": "nfs.example", "path": "/rankscope"}
+    assert "not persistent" in notes
+
+
+def test_existing_claim_is_mounted_not_created(chart):
+    objs, _ = render(chart, COMBOS["existing-claim"])
+    assert not [k for k in objs if k.startswith("PersistentVolumeClaim/")]
+    assert volume(head_pod(objs), "exports")["persistentVolumeClaim"]["claimName"] == "evidence"
+
+
+def test_agents_off_renders_no_daemonset(chart):
+    objs, notes = render(chart, COMBOS["agents-off"])
+    assert not [k for k in objs if k.startswith(("DaemonSet/", "ServiceAccount/"))]
+    assert objs[f"RayCluster/{FULLNAME}"]["spec"]["headGroupSpec"]["rayStartParams"] == {}
+    assert "rankscope agent" in notes
+
+
+def test_notes_tell_training_pods_how_to_reach_the_agent(chart):
+    _, notes = render(chart, {"agent": {"socketDir": "/var/run/rs", "socketGroup": 4242}, "job": "llm-7b"})
+    assert "RANKSCOPE_AGENT" in notes and "ipc:///var/run/rs/agent.sock" in notes
+    assert "path: /var/run/rs" in notes and "supplementalGroups: [4242]" in notes
+    assert 'value: "llm-7b"' in notes
+
+
+# ---- bad values fail at install ---------------------------------------------------------------
+
+BAD_VALUES = {
+    "hostPID not a bool": ({"agent": {"hostPID": "yes"}}, "/agent/hostPID"),
+    "port out of range": ({"coordinator": {"port": 70000}}, "/coordinator/port"),
+    "unknown divergence action": ({"coordinator": {"onDivergence": "explode"}}, "/coordinator/onDivergence"),
+    "typo'd key": ({"agnet": {"enabled": True}}, "agnet"),
+    "root agent": ({"agent": {"podSecurityContext": {"runAsNonRoot": False}}}, "/agent/podSecurityContext/runAsNonRoot"),
+    "privileged agent": ({"agent": {"securityContext": {"privileged": True}}}, "/agent/securityContext/privileged"),
+    "chart secret without keys": ({"curve": {"create": True}}, "/curve/keys"),
+    "no secret at all": ({"curve": {"existingSecret": ""}}, "/curve/existingSecret"),
+    "relative socket dir": ({"agent": {"socketDir": "run/rankscope"}}, "/agent/socketDir"),
+    "non-string ray param": ({"ray": {"head": {"rayStartParams": {"num-cpus": 4}}}}, "/ray/head/rayStartParams/num-cpus"),
+    "bad toleration effect": ({"agent": {"tolerations": [{"key": "k", "effect": "Sometimes"}]}}, "/agent/tolerations/0/effect"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_VALUES)
+def test_bad_values_rejected_by_schema(chart, case):
+    values, field = BAD_VALUES[case]
+    with pytest.raises(helm.HelmValuesError) as schema_err:
+        chart.validate_schema(values)
+    assert field in str(schema_err.value)
+    # Rendering (what `helm install` does) refuses them too.
+    with pytest.raises(helm.HelmValuesError):
+        chart.render(values, name=RELEASE, namespace=NAMESPACE, is_install=True)
+
+
+# ---- values are documented ---------------------------------------------------------------------
+
+def _schema_paths(schema: dict, prefix: tuple = ()) -> set[tuple]:
+    """Chart-defined keys: those the schema lists under "properties" (Kubernetes-native
+    blocks like resources or securityContext are typed as plain objects and not walked)."""
+    paths = set()
+    for key, sub in schema.get("properties", {}).items():
+        if key == "global":
+            continue
+        paths.add(prefix + (key,))
+        if sub.get("type") == "object" and "properties" in sub and sub.get("additionalProperties") is False:
+            paths |= _schema_paths(sub, prefix + (key,))
+    return paths
+
+
+def test_every_chart_value_is_documented(chart):
+    lines = (CHART / "values.yaml").read_text().splitlines()
+    documented: set[tuple] = set()
+    stack: list[tuple[int, str]] = []
+    for i, line in enumerate(lines):
+        m = re.match(r"^(\s*)([A-Za-z][\w.-]*):", line)
+        if not m:
+            continue
+        indent = len(m.group(1))
+        stack = [(ind, key) for ind, key in stack if ind < indent] + [(indent, m.group(2))]
+        prev = next((p for p in reversed(lines[:i]) if p.strip()), "")
+        if prev.strip().startswith("#"):
+            documented.add(tuple(key for _, key in stack))
+    # A key is documented by a comment right above it, or (for the fields of a small
+    # documented block such as resources or probe timings) right above its parent.
+    required = _schema_paths(chart.schema)
+    undocumented = sorted(".".join(p) for p in required
+                          if p not in documented and p[:-1] not in documented)
+    assert not undocumented, f"values.yaml keys without a comment above them: {undocumented}"
+    # ... and every documented chart value is one the schema checks.
+    defaults = chart.values
+
+    def leaves(d: dict, prefix: tuple = ()) -> set[tuple]:
+        return {prefix + (k,) for k in d}
+    assert leaves(defaults) <= _schema_paths(chart.schema), "top-level values missing from the schema"
