@@ -167,3 +167,64 @@ def test_disabled_installs_nothing():
     hook = sys.excepthook
     rec = RdrRecorder(RdrSettings(enable=False)).install()
     assert sys.excepthook is hook and rec.bundles == []
+
+
+MINDSPORE_RANK = textwrap.dedent("""
+    import sys
+    import numpy as np
+    import mindspore as ms
+    from mindspore import nn
+    from agent.rdr.flight_recorder import FlightRecorder
+    from agent.rdr.recorder import install_rdr
+    from agent.records import Kind, NameTable, StepBatchBuilder
+    ms.set_context(mode=ms.GRAPH_MODE)
+    ms.set_seed(7)
+    fr = FlightRecorder(8)
+    # config.json's "rdr" section; MS_RDR_ENABLE=0 in the env must lose to it.
+    install_rdr({"enable": True, "mode": 1, "path": sys.argv[1]}, rank=0, flight_recorder=fr)
+    net, loss_fn = nn.Dense(4, 2), nn.MSELoss()
+    opt = nn.SGD(net.trainable_params(), 0.1)
+
+    def forward(x, y):
+        return loss_fn(net(x), y)
+
+    grad_fn = ms.value_and_grad(forward, None, opt.parameters)
+
+    @ms.jit
+    def train_step(x, y):
+        loss, grads = grad_fn(x, y)
+        opt(grads)
+        return loss
+
+    names = NameTable()
+    x, y = ms.Tensor(np.ones((3, 4), np.float32)), ms.Tensor(np.zeros((3, 2), np.float32))
+    for step in range(3):
+        loss = float(train_step(x, y).asnumpy())
+        b = StepBatchBuilder(names)
+        b.add("Sentinel.loss", Kind.LOSS, (loss,) * 4, numel=1)
+        fr.emit(b.build("job", 0, step))
+    raise FloatingPointError(f"loss diverged after step 2 (loss={loss})")
+""")
+
+
+def test_mindspore_graph_mode_rank_bundle_has_ir_seed_and_versions(tmp_path):
+    graphs = tmp_path / "graphs"
+    env = dict(os.environ, MS_RDR_ENABLE="0", PYTHONPATH=str(REPO), MS_DEV_SAVE_GRAPHS="1",
+               MS_DEV_SAVE_GRAPHS_PATH=str(graphs))
+    script = tmp_path / "train.py"  # GRAPH mode compiles from source: needs a real file
+    script.write_text(MINDSPORE_RANK)
+    proc = subprocess.run([sys.executable, str(script), str(tmp_path / "rdr")], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1 and "FloatingPointError" in proc.stderr, proc.stderr[-2000:]
+    d = tmp_path / "rdr" / "rank_0" / "rdr"
+    man = json.loads((d / MANIFEST).read_text())
+    assert man["complete"] is True and verify_bundle(d) == []
+    ir = [f["path"] for f in man["files"] if f["path"].startswith("graphs/") and f["path"].endswith(".ir")]
+    assert ir and len(ir) == len(list(graphs.rglob("*.ir")))  # MindSpore's own IR dumps, all copied
+    assert json.loads((d / "seeds.json").read_text())["mindspore_global_seed"] == 7
+    import mindspore  # only to compare versions; the bundle itself never imports it
+    assert json.loads((d / "versions.json").read_text())["mindspore_runtime"] == mindspore.__version__
+    batches, names = load_steps((d / "flight_recorder_steps.msgpack").read_bytes())
+    losses = [float(b.stats[0, 0]) for b in batches]
+    assert len(losses) == 3 and losses[0] > losses[-1] > 0  # real SGD steps, recorded in order
+    assert "loss diverged after step 2" in (d / "exception.txt").read_text()

@@ -233,6 +233,8 @@ def _write_contents(w: _Writer, *, reason, steps, exception, config, seeds, extr
         w.put_json("config.json", config.to_dict() if hasattr(config, "to_dict") else config)
     if seeds is not None:
         w.put_json("seeds.json", dict(seeds))
+    elif not on_behalf:
+        w.put_json("seeds.json", collect.observed_seeds(env))
     for key, doc in (extra or {}).items():
         if not _SAFE_NAME.fullmatch(key) or key in ("manifest",):
             w.errors.append({"file": f"{key}.json", "error": "extra key is not a safe file name"})

@@ -71,6 +71,21 @@ def versions() -> dict:
     return out
 
 
+def observed_seeds(env: Mapping[str, str] | None = None) -> dict:
+    """The seeds visible from outside, for when the probe did not pass the ones it set."""
+    env = os.environ if env is None else env
+    out: dict = {"source": "observed in the process (the probe passed no seeds)",
+                 "PYTHONHASHSEED": env.get("PYTHONHASHSEED"),
+                 "HCCL_DETERMINISTIC": env.get("HCCL_DETERMINISTIC")}
+    ms = sys.modules.get("mindspore")
+    if ms is not None:
+        try:
+            out["mindspore_global_seed"] = ms.get_seed()
+        except Exception as exc:  # noqa: BLE001 - a crash path must not fail on this
+            out["mindspore_global_seed"] = f"unavailable: {exc}"
+    return out
+
+
 def _proc_fields(path: str, keys: tuple[str, ...]) -> dict:
     out = {}
     try:
