@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import logging
 import os
 import random
 from typing import Any, Callable
@@ -59,12 +60,33 @@ def seed_all(seed: int = 1234, mode: bool = False, rm_dropout: bool = False) -> 
     random.seed(seed)
     np.random.seed(seed)
     ms.set_seed(seed)
-    # Like msProbe, mode=False switches determinism off again (seed_all is the switch).
-    ms.set_deterministic(mode)
-    # HCCL reads "true"/"false"; it covers AllReduce/ReduceScatter/Reduce on Ascend.
-    os.environ["HCCL_DETERMINISTIC"] = "true" if mode else "false"
+    if mode:
+        _enable_deterministic(ms)
+    # mode=False leaves determinism alone (msProbe switches it OFF): MindSpore lets a
+    # process configure it only once, so an OFF here would lock out a later enable.
     if rm_dropout:
         remove_dropout()
+
+
+def _enable_deterministic(ms: Any) -> None:
+    from mindspore.device_manager import DeviceManagerConf
+
+    if not DeviceManagerConf.get_instance().is_deterministic_configured():
+        ms.set_deterministic(True)  # also sets HCCL_DETERMINISTIC=true (keeps "strict")
+    elif ms.get_context("deterministic") != "ON":
+        # Someone configured it OFF already and set_deterministic refuses a second call;
+        # try msProbe's route, and say so if MindSpore ignores it too.
+        try:
+            ms.set_context(deterministic="ON")
+        except Exception:  # noqa: BLE001
+            pass
+        if ms.get_context("deterministic") != "ON":
+            logging.getLogger("rankscope").warning(
+                "seed_all(mode=True): deterministic computing was already configured OFF in this "
+                "process and MindSpore allows setting it once; kernels stay non-deterministic")
+    # HCCL makes AllReduce/ReduceScatter/Reduce deterministic on Ascend; "strict" is stronger.
+    if os.environ.get("HCCL_DETERMINISTIC") != "strict":
+        os.environ["HCCL_DETERMINISTIC"] = "true"
 
 
 def _neutral_init(orig: Callable) -> Callable:

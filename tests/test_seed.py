@@ -1,0 +1,155 @@
+"""seed_all: seeded runs give bit-identical dumps, unseeded runs do not; rm_dropout; mode."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# One training run of a small MLP with dropout (active: train mode), written through the
+# real DumpWriter in tensor mode: params, forward output, grads and the loss of 2 steps.
+_RUN = r"""
+import sys
+import numpy as np
+import mindspore as ms
+from mindspore import nn, Tensor
+from agent.dump_writer import DumpWriter
+from agent.records import StepBatch, StepOutput
+from agent.seed import seed_all
+
+if sys.argv[2] == "seed":
+    seed_all(1234)
+net = nn.SequentialCell([nn.Dense(16, 32), nn.ReLU(), nn.Dropout(p=0.5), nn.Dense(32, 4)])
+net.set_train(True)
+opt = nn.Adam(net.trainable_params(), 1e-2)
+loss_fn = nn.MSELoss()
+grad_fn = ms.value_and_grad(lambda x, y: loss_fn(net(x), y), None, opt.parameters)
+w = DumpWriter(sys.argv[1], "tensor", "L0")
+for step in range(2):
+    x = Tensor(np.random.standard_normal((8, 16)).astype(np.float32))
+    y = Tensor(np.random.standard_normal((8, 4)).astype(np.float32))
+    loss, grads = grad_fn(x, y)
+    opt(grads)
+    entries = {}
+    named = [("loss", loss)] + [("grad." + p.name, g) for p, g in zip(opt.parameters, grads)] \
+        + [("param." + p.name, p) for p in net.trainable_params()]
+    for name, t in named:
+        a = t.asnumpy()
+        entries[name] = {"type": "mindspore.Tensor", "dtype": str(a.dtype), "shape": list(a.shape),
+                         "Max": float(a.max()), "Min": float(a.min()), "Mean": float(a.mean()),
+                         "Norm": float(np.linalg.norm(a)),
+                         "data_name": w.write_tensor(step, "rank0", name + ".npy", a)}
+    w.emit(StepOutput(StepBatch.empty("j", 0, step), "rank0", entries=entries))
+"""
+
+
+def run_dump(tmp_path, tag: str, mode: str) -> str:
+    """Run one training process; return a digest of every file of its dump."""
+    root = tmp_path / tag
+    subprocess.run([sys.executable, "-c", _RUN, str(root), mode], cwd=REPO, check=True,
+                   capture_output=True, env={**os.environ, "GLOG_v": "3"})
+    digest = hashlib.sha256()
+    files = sorted(p for p in root.rglob("*") if p.is_file())
+    assert len(files) >= 2 * (1 + 3 + 4 + 4)  # dump.json etc. + npy per step
+    for path in files:
+        data = path.read_bytes()
+        if path.name == "dump.json":  # dump_data_dir is the (different) absolute folder
+            dump = json.loads(data)
+            dump["dump_data_dir"] = None
+            data = json.dumps(dump, sort_keys=True).encode()
+        digest.update(str(path.relative_to(root)).encode() + b"\0" + data)
+    return digest.hexdigest()
+
+
+def test_seeded_runs_bit_identical_unseeded_runs_differ(tmp_path):
+    seeded = {run_dump(tmp_path, f"s{i}", "seed") for i in range(2)}
+    unseeded = {run_dump(tmp_path, f"u{i}", "none") for i in range(2)}
+    assert len(seeded) == 1
+    assert len(unseeded) == 2
+    assert not seeded & unseeded
+
+
+def test_reseeding_in_process_repeats_random_streams(monkeypatch):
+    monkeypatch.setitem(os.environ, "PYTHONHASHSEED", "0")  # restored after the test
+    import random
+
+    import mindspore as ms
+    from mindspore import nn, ops
+
+    from agent.seed import seed_all
+
+    def draw():
+        net = nn.Dense(4, 4)
+        x = ms.Tensor(np.ones((2, 4), np.float32))
+        return (random.random(), np.random.rand(), net.weight.asnumpy().tobytes(),
+                ops.dropout(x, p=0.5).asnumpy().tobytes(), os.environ["PYTHONHASHSEED"])
+
+    seed_all(77)
+    first = draw()
+    seed_all(77)
+    assert draw() == first
+    assert first[-1] == "77"
+    seed_all(78)
+    assert draw()[:4] != first[:4]
+
+
+def test_rm_dropout_disables_layers_created_afterwards_and_functionals(monkeypatch):
+    monkeypatch.setitem(os.environ, "PYTHONHASHSEED", "0")
+    import mindspore as ms
+    from mindspore import mint, nn, ops
+    from mindspore.nn import Dropout as DropoutBoundEarly  # bound before seed_all
+
+    from agent.seed import restore_dropout, seed_all
+
+    x4 = ms.Tensor(np.ones((4, 8, 4, 4), np.float32))
+    before = nn.Dropout(p=0.5)
+    before.set_train(True)
+    try:
+        seed_all(5, rm_dropout=True)
+        layers = [nn.Dropout(p=0.5), nn.Dropout(keep_prob=0.3), DropoutBoundEarly(p=0.9),
+                  nn.Dropout2d(p=0.5), mint.nn.Dropout(p=0.5)]
+        for layer in layers:
+            layer.set_train(True)
+            assert np.array_equal(layer(x4).asnumpy(), x4.asnumpy()), type(layer).__name__
+        prim_out = ops.Dropout(keep_prob=0.2)(x4)[0]
+        assert np.array_equal(prim_out.asnumpy(), x4.asnumpy())
+        assert np.array_equal(ops.dropout(x4, p=0.7).asnumpy(), x4.asnumpy())
+        assert np.array_equal(mint.nn.functional.dropout(x4, p=0.7).asnumpy(), x4.asnumpy())
+        # Calling it twice does not stack wrappers.
+        seed_all(5, rm_dropout=True)
+        assert np.array_equal(nn.Dropout(p=0.5)(x4).asnumpy(), x4.asnumpy())
+    finally:
+        restore_dropout()
+    # A layer created before seed_all keeps dropping, and restore brings dropout back.
+    assert (before(x4).asnumpy() == 0).any()
+    after = nn.Dropout(p=0.5)
+    after.set_train(True)
+    assert (after(x4).asnumpy() == 0).any()
+    assert (ops.dropout(x4, p=0.5).asnumpy() == 0).any()
+
+
+def test_mode_enables_deterministic_in_a_fresh_process():
+    code = ("import os, mindspore as ms; from agent.seed import seed_all; "
+            "before = ms.get_context('deterministic'); seed_all(1); mid = ms.get_context('deterministic'); "
+            "seed_all(1, mode=True); seed_all(2, mode=True); "
+            "print(before, mid, ms.get_context('deterministic'), os.environ['HCCL_DETERMINISTIC'])")
+    env = {k: v for k, v in os.environ.items() if k != "HCCL_DETERMINISTIC"}
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
+                         check=True, env=env)
+    assert out.stdout.split()[-4:] == ["OFF", "OFF", "ON", "true"]
+
+
+@pytest.mark.parametrize("kwargs, bad", [
+    ({"seed": -1}, "seed"), ({"seed": 2**32}, "seed"), ({"seed": "1"}, "seed"), ({"seed": True}, "seed"),
+    ({"mode": "yes"}, "mode"), ({"rm_dropout": 1}, "rm_dropout"),
+])
+def test_bad_arguments_name_the_parameter(kwargs, bad):
+    from agent.seed import seed_all
+    with pytest.raises(ValueError, match=f"^{bad} = "):
+        seed_all(**kwargs)
