@@ -60,6 +60,8 @@ SCHEMAS: dict[str, _Schema] = {
         "world_size": ((int, type(None)), False), "dp_index": ((int, type(None)), False),
         "device_id": ((int, type(None)), False), "local_rank": ((int, type(None)), False),
         "versions": ((dict,), False), "label": ((str,), False),
+        # Set by the node agent when it forwards a registration: the id after remapping.
+        "assigned_rank": ((int, type(None)), False),
     },
     REGISTERED: {"assigned_rank": (_INT, True), "claimed_rank": ((int, type(None)), True),
                  "remapped": ((bool,), True)},

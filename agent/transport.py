@@ -202,3 +202,53 @@ def connect_dealer(ctx: zmq.Context, endpoint: str, identity: bytes, curve: Curv
         sock.close(0)
         raise TransportError(f"cannot connect {endpoint!r}: {exc}") from exc
     return sock
+
+
+class ConnectionWatch:
+    """Connection state of a DEALER from its socket-monitor events.
+
+    ``connected`` turns True on a finished handshake (CURVE or NULL) and False on a
+    disconnect; ``changes()`` returns the transitions since the last call, so a caller
+    knows when to resend state (registration, name tables) or rewind its spool.
+    ``handshake_failed`` counts refusals (e.g. a CURVE key the server does not allow).
+    """
+
+    _EVENTS = (zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED
+               | zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+               | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
+
+    def __init__(self, sock: zmq.Socket) -> None:
+        self._sock = sock
+        self._mon = sock.get_monitor_socket(self._EVENTS)
+        self.connected = False
+        self.handshake_failed = 0
+
+    def changes(self) -> list[bool]:
+        from zmq.utils.monitor import recv_monitor_message
+
+        out: list[bool] = []
+        while True:
+            try:
+                ev = recv_monitor_message(self._mon, zmq.NOBLOCK)
+            except zmq.Again:
+                return out
+            except zmq.ZMQError:
+                return out
+            event = ev["event"]
+            if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                state = True
+            elif event == zmq.EVENT_DISCONNECTED:
+                state = False
+            else:
+                self.handshake_failed += 1
+                continue
+            if state != self.connected:
+                self.connected = state
+                out.append(state)
+
+    def close(self) -> None:
+        try:
+            self._sock.disable_monitor()
+        except zmq.ZMQError:
+            pass
+        self._mon.close(0)

@@ -1,0 +1,349 @@
+"""The in-rank client: a probe Sink that streams steps to the node agent.
+
+The training thread only ever appends to a bounded deque (``emit``); a background thread
+owns the ZeroMQ socket and does everything else: registration, sending, heartbeats,
+reconnection, control (pause / resume / step N / terminate -> :class:`StepGate`) and
+export (bundle files -> BUNDLE_CHUNKs). When the queue is full the step is dropped and
+counted -- training never waits for the wire. Names of a dropped step are carried on the
+next one sent, and after a reconnect the whole name table is sent again, so the receiver
+can always read ids. Without a node agent the client stays silent: ``register`` returns
+None quickly and ``emit`` costs one append.
+"""
+from __future__ import annotations
+
+import atexit
+import collections
+import logging
+import os
+import queue
+import socket
+import sys
+import threading
+import time
+import uuid
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable, Iterable
+
+import zmq
+
+from agent import protocol
+from agent.control import GateState, RankscopeTerminated, StepGate
+from agent.protocol import Message, encode
+from agent.records import StepOutput
+from agent.transport import ConnectionWatch, CurveKeys, connect_dealer
+
+log = logging.getLogger(__name__)
+
+#: How long ``register`` waits for a connection to exist before concluding there is no agent.
+CONNECT_GRACE_S = 0.5
+
+
+@dataclass
+class RankClaim:
+    """What a rank process says about itself when it registers."""
+
+    host: str
+    pid: int
+    claimed_rank: int | None
+    world_size: int | None = None
+    dp_index: int | None = None
+    device_id: int | None = None
+    local_rank: int | None = None
+    label: str = ""
+
+    @classmethod
+    def here(cls, claimed_rank: int | None, **fields) -> "RankClaim":
+        return cls(host=socket.gethostname(), pid=os.getpid(), claimed_rank=claimed_rank, **fields)
+
+    def body(self) -> dict:
+        return {k: v for k, v in asdict(self).items() if v is not None and v != "" or k == "claimed_rank"}
+
+
+class AgentClient:
+    def __init__(self, endpoint: str, job: str, gate: StepGate, *, queue_max: int = 256,
+                 heartbeat_s: float = 1.0, curve: CurveKeys | None = None,
+                 on_export: Callable[[str | None], Iterable[Path]] | None = None) -> None:
+        if queue_max < 1:
+            raise ValueError(f"queue_max must be >= 1, got {queue_max}")
+        self.endpoint, self.job, self.gate = endpoint, job, gate
+        self.queue_max, self.heartbeat_s, self.on_export = queue_max, heartbeat_s, on_export
+        self._curve = curve
+        self._pid = os.getpid()
+        self.src = f"rank:{socket.gethostname()}:{self._pid}"
+        self._identity = f"{self.src}:{uuid.uuid4().hex[:8]}".encode()
+        self._q: collections.deque = collections.deque()
+        self._lost_names: dict[int, str] = {}
+        self._lock = threading.Lock()
+        self.dropped = 0  # steps dropped because the queue was full
+        self.sent = 0
+        self.assigned: int | None = None
+        self.remapped = False
+        self._claim: RankClaim | None = None
+        self._want_register = False  # set by register(), cleared by the I/O thread once sent
+        self._registered = threading.Event()
+        self._connected = threading.Event()
+        self._outbox: queue.Queue = queue.Queue(maxsize=16)  # ("chunk"|"status", body) from exporters
+        self._closing = threading.Event()
+        self._last_step = -1
+        self._thread = threading.Thread(target=self._run, name="rankscope-agent-client", daemon=True)
+        self._thread.start()
+        atexit.register(self._at_exit)
+
+    # --- training thread ------------------------------------------------------------
+    def emit(self, out: StepOutput) -> None:
+        """Queue the step for sending; drop (and count) when the queue is full. Never blocks."""
+        try:
+            if os.getpid() != self._pid or self._closing.is_set():
+                return  # a forked child has no I/O thread
+            batch = out.batch
+            self._last_step = batch.step
+            if len(self._q) >= self.queue_max:
+                self.dropped += 1
+                if batch.new_names:
+                    with self._lock:
+                        self._lost_names.update(batch.new_names)
+                return
+            self._q.append(batch)
+        except Exception:  # a Sink must never raise into training
+            pass
+
+    def register(self, claim: RankClaim, timeout: float = 2.0) -> int | None:
+        """Tell the agent who this rank is; return the id to use (maybe remapped), or
+        None when no agent answers within ``timeout``."""
+        self._claim = claim
+        self._registered.clear()
+        self._want_register = True
+        if self.endpoint.startswith("ipc://") and not os.path.exists(self.endpoint[len("ipc://"):]):
+            return None  # nobody listens there: do not make training wait
+        start = time.monotonic()
+        if not self._connected.wait(min(timeout, CONNECT_GRACE_S)):
+            return None
+        if not self._registered.wait(max(0.0, timeout - (time.monotonic() - start))):
+            return None
+        return self.assigned
+
+    @property
+    def rank(self) -> int | None:
+        if self.assigned is not None:
+            return self.assigned
+        return self._claim.claimed_rank if self._claim is not None else None
+
+    def close(self, timeout: float = 2.0, ok: bool = True, error: str = "") -> None:
+        """Flush what is queued (up to ``timeout``), say goodbye, stop the thread."""
+        if self._closing.is_set() or os.getpid() != self._pid:
+            return
+        self._bye = {"ok": ok, "error": error}
+        deadline = time.monotonic() + timeout
+        while self._q and self._connected.is_set() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        self._closing.set()
+        self._thread.join(max(0.1, deadline - time.monotonic()))
+        try:
+            atexit.unregister(self._at_exit)
+        except Exception:
+            pass
+
+    def _at_exit(self) -> None:
+        # An uncaught exception has been printed by now and left in sys.last_value.
+        exc = getattr(sys, "last_value", None)
+        failed = exc is not None and not isinstance(exc, (SystemExit, RankscopeTerminated))
+        self.close(timeout=1.0, ok=not failed, error=repr(exc)[:500] if failed else "")
+
+    # --- I/O thread ------------------------------------------------------------------
+    def _run(self) -> None:
+        ctx = zmq.Context()
+        seq = protocol.SeqCounter()
+        try:
+            sock = connect_dealer(ctx, self.endpoint, self._identity, self._curve)
+        except Exception as exc:
+            log.warning("rankscope: cannot connect to the node agent at %s: %s", self.endpoint, exc)
+            ctx.term()
+            return
+        watch = ConnectionWatch(sock)
+        io = _ClientIO(self, sock, seq)
+        try:
+            while not self._closing.is_set():
+                for up in watch.changes():
+                    if up:
+                        io.on_connect()
+                        self._connected.set()
+                    else:
+                        self._connected.clear()
+                if self._want_register and watch.connected and self._claim is not None:
+                    self._want_register = not io.send(protocol.REGISTER, self._claim.body())
+                if sock.poll(20, zmq.POLLIN):
+                    io.receive()
+                if watch.connected:
+                    io.pump()
+            if watch.connected:
+                io.pump()
+                bye = getattr(self, "_bye", {"ok": True, "error": ""})
+                io.send(protocol.STATUS, {"what": "bye", "detail": {**bye, "step": self._last_step}})
+        except Exception:
+            log.exception("rankscope: node agent client stopped")
+        finally:
+            watch.close()
+            sock.close(linger=500)
+            ctx.term()
+
+
+class _ClientIO:
+    """The I/O thread's half of the client (owns the socket; no locks needed here)."""
+
+    def __init__(self, client: AgentClient, sock: zmq.Socket, seq: protocol.SeqCounter) -> None:
+        self.c, self.sock, self.seq = client, sock, seq
+        self.names: dict[int, str] = {}  # every name sent, for a resend after reconnect
+        self.resend_names = False
+        self.ever_connected = False
+        self.next_beat = 0.0
+        self.last_gate: tuple | None = None
+        self.pending_out: tuple[str, dict] | None = None
+        self.decoder = protocol.Decoder(job=None)
+
+    def send(self, mtype: str, body: dict) -> bool:
+        frame = encode(Message(mtype, self.c.job, self.c.src, self.seq(), body))
+        try:
+            self.sock.send(frame, zmq.NOBLOCK)
+            return True
+        except zmq.Again:
+            return False
+
+    def on_connect(self) -> None:
+        if self.ever_connected:
+            self.resend_names = True  # the agent may have restarted and lost the table
+        self.ever_connected = True
+        if self.c._claim is not None:
+            self.c._want_register = True  # a restarted agent must learn who we are again
+        self.next_beat = 0.0
+
+    def receive(self) -> None:
+        for _ in range(64):
+            try:
+                frame = self.sock.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            msg = self.decoder.decode(frame)
+            if msg is None:
+                continue
+            if msg.type == protocol.REGISTERED:
+                self.c.assigned = msg.body["assigned_rank"]
+                self.c.remapped = msg.body["remapped"]
+                self.c._registered.set()
+            elif msg.type == protocol.CONTROL:
+                self.control(msg)
+
+    def control(self, msg: Message) -> None:
+        b, gate = msg.body, self.c.gate
+        cmd, args, incident = b["command"], b.get("args") or {}, b.get("incident")
+        if cmd == "pause":
+            gate.pause(incident)
+        elif cmd == "resume":
+            gate.resume()
+        elif cmd == "step":
+            n = args.get("n", args.get("steps", 1))
+            gate.run_steps(n if isinstance(n, int) and n >= 1 else 1)
+        elif cmd == "terminate":
+            gate.terminate(incident, str(args.get("reason", "")))
+        elif cmd == "export":
+            transfer = str(args.get("transfer") or incident or "export")
+            threading.Thread(target=self.c_export, args=(incident, transfer), daemon=True,
+                             name="rankscope-export").start()
+        self.next_beat = 0.0  # report the new state at once
+
+    def c_export(self, incident: str | None, transfer: str) -> None:
+        """Export thread: produce chunk bodies; the I/O thread sends them."""
+        c = self.c
+        out: queue.Queue = c._outbox
+        error = ""
+        paths: list[Path] = []
+        if c.on_export is not None:
+            try:
+                paths = [Path(p) for p in (c.on_export(incident) or [])]
+            except Exception as exc:
+                error = f"on_export failed: {exc!r}"[:500]
+        rank = c.rank if c.rank is not None else 0
+        try:
+            if paths:
+                from agent.rdr.transfer import iter_file_chunks
+                from agent.node.bundles import transfer_id
+
+                for p in paths:
+                    for body in iter_file_chunks([p], p.parent, rank, transfer_id(transfer)):
+                        out.put(("chunk", body), timeout=60)
+                return
+        except Exception as exc:
+            error = f"sending the bundle failed: {exc!r}"[:500]
+        out.put(("status", {"what": "export_none", "detail": {
+            "incident": incident, "transfer": transfer, "rank": rank, "error": error}}), timeout=60)
+
+    def pump(self) -> None:
+        c = self.c
+        for _ in range(64):
+            if not c._q:
+                break
+            batch = c._q[0]
+            msg = protocol.step_message(batch, c.src, 0)
+            msg.job = c.job
+            if c.assigned is not None:
+                msg.body["rank"] = c.assigned
+            names = msg.body["new_names"]
+            self.names.update(names)
+            if c._lost_names:
+                with c._lock:
+                    lost, c._lost_names = c._lost_names, {}
+                self.names.update(lost)
+                names.update(lost)
+            if self.resend_names:
+                names.update(self.names)
+            msg.seq = self.seq()
+            try:
+                self.sock.send(encode(msg), zmq.NOBLOCK)
+            except zmq.Again:
+                # Keep the names we took for the next attempt; the seq is simply skipped.
+                with c._lock:
+                    c._lost_names.update(names)
+                break
+            c._q.popleft()
+            c.sent += 1
+            self.resend_names = False
+        self._pump_outbox()
+        self._heartbeat()
+
+    def _pump_outbox(self) -> None:
+        for _ in range(8):
+            item = self.pending_out
+            if item is None:
+                try:
+                    item = self.c._outbox.get_nowait()
+                except queue.Empty:
+                    return
+            mtype = protocol.BUNDLE_CHUNK if item[0] == "chunk" else protocol.STATUS
+            if not self.send(mtype, item[1]):
+                self.pending_out = item
+                return
+            self.pending_out = None
+
+    def _heartbeat(self) -> None:
+        c, gate = self.c, self.c.gate
+        blocked = gate.waiting_at
+        if blocked is not None:
+            state, step = "paused", blocked
+        elif gate.state is GateState.PAUSED:
+            state, step = "pausing", c._last_step
+        else:
+            state, step = gate.state.value, c._last_step
+        now = time.monotonic()
+        snapshot = (state, step if blocked is not None else None)
+        if snapshot != self.last_gate:
+            if self.last_gate is not None and (state == "paused" or self.last_gate[0] == "paused"):
+                what = "paused" if state == "paused" else ("resumed" if state in ("running", "stepping") else state)
+                self.send(protocol.STATUS, {"what": what, "detail": {"rank": c.rank, "step": step}})
+            self.last_gate = snapshot
+            self.next_beat = 0.0
+        if now < self.next_beat:
+            return
+        self.next_beat = now + c.heartbeat_s
+        rank = c.rank
+        self.send(protocol.HEARTBEAT, {"rank": rank if rank is not None else -1, "step": step,
+                                       "state": state, "pid": c._pid})

@@ -1,0 +1,86 @@
+"""Per-rank flight recorders in the node agent, and bundles written on a rank's behalf.
+
+A rank killed by SIGKILL (or a segfault, or the OOM killer) cannot write its own RDR
+bundle. The node agent has seen every step it streamed, so it keeps the last K per rank
+and writes ``<bundle_dir>/<job>/rank_<id>/rdr/`` for it with H4's
+:func:`agent.rdr.bundle.write_bundle` (``on_behalf=True``), including the rank map entry
+and how the process ended. On export the files go to the coordinator as BUNDLE_CHUNKs,
+paths relative to ``rank_<id>/`` so they land in ``incidents/<id>/rank_<r>/rdr/``.
+"""
+from __future__ import annotations
+
+import logging
+import re
+from pathlib import Path
+from typing import Iterator
+
+from agent.node.registry import RankEntry
+from agent.rdr.flight_recorder import FlightRecorder
+from agent.records import StepBatch
+
+log = logging.getLogger(__name__)
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.\-]")
+
+
+def transfer_id(text: str) -> str:
+    """A transfer id the receiver accepts (letters, digits, ``_.-``)."""
+    safe = _UNSAFE.sub("_", text)[:120] or "export"
+    return safe if safe[0].isalnum() or safe[0] == "_" else "_" + safe[1:]
+
+
+class RankBundles:
+    def __init__(self, bundle_dir: str | Path, k: int = 8) -> None:
+        self.root = Path(bundle_dir)
+        self.k = k
+        self._recorders: dict[tuple[str, int], FlightRecorder] = {}
+        self.written: dict[tuple[str, int], Path] = {}
+
+    @staticmethod
+    def _key(entry: RankEntry) -> tuple[str, int]:
+        return (entry.job, entry.pid)
+
+    def record(self, entry: RankEntry, batch: StepBatch) -> None:
+        rec = self._recorders.get(self._key(entry))
+        if rec is None:
+            rec = self._recorders[self._key(entry)] = FlightRecorder(self.k)
+        rec.record(batch)
+
+    def recorder(self, entry: RankEntry) -> FlightRecorder | None:
+        return self._recorders.get(self._key(entry))
+
+    def write_on_behalf(self, entry: RankEntry, reason: str, rank_map: list[dict]) -> Path | None:
+        """Write the dead rank's bundle once; later calls return the same directory."""
+        key = self._key(entry)
+        if key in self.written:
+            return self.written[key]
+        from agent.rdr.bundle import write_bundle
+
+        rank = entry.assigned_rank if entry.assigned_rank is not None else f"proc{entry.pid}"
+        rec = self._recorders.get(key) or FlightRecorder(self.k)
+        ended = {"rank": entry.assigned_rank, "claimed_rank": entry.claimed_rank, "pid": entry.pid,
+                 "host": entry.host, "last_step": entry.last_step, "exit_status": entry.exit_status,
+                 "reason": entry.reason or reason}
+        try:
+            path = write_bundle(self.root / transfer_id(entry.job), rank, reason=reason, steps=rec,
+                                on_behalf=True, extra={"rank_lost": ended, "rank_map": rank_map})
+        except Exception:  # never let one bundle take the agent down
+            log.exception("could not write the bundle of rank %s (pid %d) on its behalf", rank, entry.pid)
+            return None
+        log.warning("wrote the bundle of rank %s (pid %d, %s) on its behalf: %s", rank, entry.pid, reason, path)
+        self.written[key] = path
+        # The ring is in the bundle now; free it (a dead rank sends nothing more).
+        self._recorders.pop(key, None)
+        return path
+
+    def chunks(self, entry: RankEntry, transfer: str) -> Iterator[dict]:
+        """BUNDLE_CHUNK bodies of the bundle written for ``entry`` (none if not written)."""
+        path = self.written.get(self._key(entry))
+        if path is None or entry.assigned_rank is None:
+            return iter(())
+        from agent.rdr.transfer import iter_file_chunks
+
+        return iter_file_chunks([path], path.parent, entry.assigned_rank, transfer_id(transfer), on_behalf=True)
+
+    def forget(self, entry: RankEntry) -> None:
+        self._recorders.pop(self._key(entry), None)

@@ -1,0 +1,348 @@
+"""The node agent loop: ranks in (ROUTER), coordinator out (DEALER), one thread.
+
+Everything runs on one thread that owns both sockets, so no state needs a lock. Each
+turn: drain rank frames (validate, record, forward), drain coordinator frames (control,
+acks), answer registrations whose settle window passed, check liveness, pump the spool.
+Rank frames are forwarded byte for byte (their src/seq intact, so the coordinator
+de-duplicates spool replays); the agent adds its own REGISTER (with the assigned id),
+RANK_LOST, RANK_MAP and STATUS messages.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import zmq
+
+from agent import protocol
+from agent.node.bundles import RankBundles
+from agent.node.liveness import LivenessMonitor
+from agent.node.registry import RankEntry, RankRegistry, RankState, write_rank_map
+from agent.node.relay import ControlRelay
+from agent.node.spool import SpoolLog
+from agent.node.uplink import Uplink
+from agent.protocol import Message, encode
+from agent.transport import CurveKeys, bind_router, stop_authenticator
+
+log = logging.getLogger(__name__)
+
+_BURST = 1024  # frames per socket per turn, so one flood cannot starve the other side
+
+
+@dataclass
+class AgentSettings:
+    listen: str
+    coordinator: str | None = None
+    job: str | None = None  # None: serve any job
+    spool_dir: Path = Path("rankscope-spool")
+    bundle_dir: Path = Path("rankscope-agent-bundles")
+    flight_recorder_steps: int = 8
+    spool_max_bytes: int = 1 << 30
+    heartbeat_timeout_s: float = 15.0
+    settle_s: float = 0.3
+    replay_window_s: float = 10.0
+    listen_curve: CurveKeys | None = None  # CURVE server keys when --listen is not local
+    coordinator_curve: CurveKeys | None = None  # CURVE client keys for a non-local coordinator
+
+
+class NodeAgent:
+    def __init__(self, settings: AgentSettings) -> None:
+        self.s = settings
+        self.host = socket.gethostname()
+        self.src = f"agent:{self.host}:{os.getpid()}"
+        # Time-based start: a restarted agent's seqs stay above what the coordinator's
+        # replay filter remembers from the previous one.
+        self._seq = protocol.SeqCounter(start=time.time_ns() // 1000)
+        self.registry = RankRegistry(settle_s=settings.settle_s)
+        self.liveness = LivenessMonitor(self.host, settings.heartbeat_timeout_s)
+        self.bundles = RankBundles(Path(settings.bundle_dir), settings.flight_recorder_steps)
+        self.relay = ControlRelay()
+        self.decoder = protocol.Decoder(job=settings.job)
+        self._updecoder = protocol.Decoder(job=None)
+        self._names: dict[str, dict[int, str]] = {}  # "job|src" -> every name that rank sent
+        self._owed: set[str] = set()  # ranks whose name table the coordinator must get again
+        self.forwarded = 0
+        self.ctx = zmq.Context()
+        self.router, self.endpoint = bind_router(self.ctx, settings.listen, settings.listen_curve)
+        self.router.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self.uplink: Uplink | None = None
+        if settings.coordinator:
+            spool = SpoolLog(settings.spool_dir, max_bytes=settings.spool_max_bytes)
+            ident = self.src.encode()
+            self.uplink = Uplink(self.ctx, settings.coordinator, ident, spool,
+                                 curve=settings.coordinator_curve, replay_window_s=settings.replay_window_s)
+        self._stop = threading.Event()
+
+    # --- lifecycle -------------------------------------------------------------------
+    def stop(self) -> None:
+        self._stop.set()
+
+    def run(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self.router, zmq.POLLIN)
+        if self.uplink is not None:
+            poller.register(self.uplink.sock, zmq.POLLIN)
+        next_check = next_status = 0.0
+        try:
+            while not self._stop.is_set():
+                poller.poll(50)
+                self._drain_ranks()
+                if self.uplink is not None:
+                    self._drain_uplink()
+                    for up in self.uplink.poll_link():
+                        if up:
+                            self._resend_state()
+                for entry in self.registry.due():
+                    self._answer(entry)
+                now = time.monotonic()
+                if now >= next_check:
+                    next_check = now + 0.2
+                    self._check_liveness(now)
+                if now >= next_status:
+                    next_status = now + 2.0
+                    self._status()
+                if self.uplink is not None:
+                    self.uplink.confirm()
+                    self.uplink.pump()
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        if self.uplink is not None:
+            self.uplink.close()
+            self.uplink = None
+        self.router.close(0)
+        stop_authenticator(self.ctx)
+        self.ctx.term()
+
+    # --- upstream helpers ----------------------------------------------------------------
+    def _msg(self, mtype: str, job: str, body: dict, src: str | None = None) -> bytes:
+        return encode(Message(mtype, job, src or self.src, self._seq(), body))
+
+    def _up(self, frame: bytes, key: tuple[str, int] | None = None) -> None:
+        if self.uplink is not None:
+            self.uplink.send(frame, key)
+
+    def _up_own(self, mtype: str, job: str, body: dict, src: str | None = None) -> None:
+        seq = self._seq()
+        src = src or self.src
+        self._up(encode(Message(mtype, job, src, seq, body)), (f"{job}|{src}", seq))
+
+    def _publish_map(self, job: str) -> None:
+        rows = self.registry.rank_map(job)
+        try:
+            write_rank_map(self.bundles.root / job_dir(job) / "rank_map.json", rows)
+        except OSError as exc:
+            log.error("cannot write rank_map.json for job %s: %s", job, exc)
+        self._up_own(protocol.RANK_MAP, job, {"entries": rows})
+
+    # --- ranks -> agent ---------------------------------------------------------------
+    def _drain_ranks(self) -> None:
+        for _ in range(_BURST):
+            try:
+                parts = self.router.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            if len(parts) != 2:
+                self.decoder.rejected["bad_multipart"] += 1
+                continue
+            ident, frame = parts
+            msg = self.decoder.decode(frame)
+            if msg is not None:
+                try:
+                    self._on_rank(ident, frame, msg)
+                except Exception:  # one odd message must not stop the node's agent
+                    log.exception("handling %s from %s failed", msg.type, msg.src)
+
+    def _on_rank(self, ident: bytes, frame: bytes, msg: Message) -> None:
+        entry = self.registry.by_identity(ident)
+        key = (f"{msg.job}|{msg.src}", msg.seq)
+        if msg.type == protocol.STEP:
+            names = self._names.setdefault(key[0], {})
+            names.update(msg.body["new_names"])
+            if entry is not None:
+                entry.last_step = max(entry.last_step, msg.body["step"])
+                self.bundles.record(entry, protocol.step_from_message(msg))
+            self._up(frame, key)
+            self.forwarded += 1
+        elif msg.type == protocol.HEARTBEAT:
+            if entry is not None:
+                entry.extra["src"] = key[0]
+                if self.liveness.heartbeat(entry):
+                    self._up_own(protocol.STATUS, entry.job, {"what": "rank_back", "detail": {
+                        "rank": entry.assigned_rank, "pid": entry.pid}})
+            if self.uplink is not None:
+                self.uplink.send_volatile(frame)
+        elif msg.type == protocol.REGISTER:
+            entry = self.registry.claim(ident, msg.job, msg.body)
+            entry.extra["src"] = key[0]
+            if entry.state is RankState.LIVE:
+                self._answer(entry, forward=False)  # a reconnecting rank: same id again
+        elif msg.type == protocol.STATUS:
+            self._on_rank_status(entry, frame, msg, key)
+        elif msg.type == protocol.BUNDLE_CHUNK:
+            self._up(frame, key)
+        else:
+            self.decoder.rejected[f"unexpected_{msg.type}"] += 1
+
+    def _on_rank_status(self, entry: RankEntry | None, frame: bytes, msg: Message, key) -> None:
+        what = msg.body["what"]
+        if entry is not None and what == "bye":
+            self.registry.finish(entry)
+            self.liveness.forget(entry)
+            self.bundles.forget(entry)
+            self._owed.discard(key[0])
+            self._up_own(protocol.STATUS, entry.job, {"what": "finished", "detail": {
+                "rank": entry.assigned_rank, "step": entry.last_step, "pid": entry.pid}})
+            self._publish_map(entry.job)
+        elif entry is not None and what == "export_none":
+            # The rank has no bundle of its own: send what this agent saw of it.
+            detail = msg.body.get("detail") or {}
+            transfer = str(detail.get("transfer") or detail.get("incident") or "export")
+            self._export_on_behalf(entry, transfer, f"export requested; the rank had no bundle "
+                                                    f"({detail.get('error') or 'no RDR recorder'})")
+        else:
+            self._up(frame, key)
+
+    def _answer(self, entry: RankEntry, forward: bool = True) -> None:
+        body = {"assigned_rank": entry.assigned_rank, "claimed_rank": entry.claimed_rank,
+                "remapped": entry.remapped}
+        self._to_rank(entry, self._msg(protocol.REGISTERED, entry.job, body))
+        if not forward:
+            return
+        self.liveness.watch(entry)
+        if entry.remapped:
+            log.warning("job %s: pid %d on %s claimed rank %s, which another live process holds: "
+                        "assigned rank %d", entry.job, entry.pid, entry.host, entry.claimed_rank,
+                        entry.assigned_rank)
+        self._forward_register(entry)
+        self._publish_map(entry.job)
+        sticky = self.relay.for_newcomer(entry.job)
+        if sticky is not None:
+            self._to_rank(entry, sticky)
+
+    def _forward_register(self, entry: RankEntry) -> None:
+        body = {"host": entry.host, "pid": entry.pid, "claimed_rank": entry.claimed_rank,
+                "world_size": entry.world_size, "dp_index": entry.dp_index, "device_id": entry.device_id,
+                "local_rank": entry.local_rank, "label": entry.label, "assigned_rank": entry.assigned_rank}
+        # src "rank:<id>" is how the coordinator reads the id of a registration.
+        self._up_own(protocol.REGISTER, entry.job, body, src=f"rank:{entry.assigned_rank}")
+
+    def _to_rank(self, entry: RankEntry, frame: bytes) -> bool:
+        try:
+            self.router.send_multipart([entry.identity, frame], zmq.NOBLOCK)
+            return True
+        except zmq.ZMQError as exc:  # gone (ROUTER_MANDATORY) or its queue is full
+            log.warning("cannot reach rank %s (pid %d): %s", entry.assigned_rank, entry.pid, exc)
+            return False
+
+    # --- liveness ---------------------------------------------------------------------
+    def _check_liveness(self, now: float) -> None:
+        for lost in self.liveness.check(self.registry.live(), now):
+            e = lost.entry
+            if lost.reason == "exited":
+                self.registry.lose(e, lost.exit_status, "exited")
+                self.liveness.forget(e)
+                self._owed.discard(e.extra.get("src", ""))
+                status = "unknown" if lost.exit_status is None else str(lost.exit_status)
+                self.bundles.write_on_behalf(e, f"rank process ended without saying goodbye "
+                                                f"(exit status {status})", self.registry.rank_map(e.job))
+                reason = "exited"
+            else:
+                reason = f"unresponsive: no heartbeat for {self.s.heartbeat_timeout_s:g}s"
+            log.warning("job %s rank %s (pid %d) lost: %s, last step %d, exit status %s",
+                        e.job, e.assigned_rank, e.pid, reason, e.last_step, lost.exit_status)
+            self._up_own(protocol.RANK_LOST, e.job, {
+                "rank": e.assigned_rank if e.assigned_rank is not None else -1, "pid": e.pid,
+                "last_step": e.last_step, "exit_status": lost.exit_status, "reason": reason})
+            self._publish_map(e.job)
+
+    # --- coordinator -> agent ----------------------------------------------------------
+    def _drain_uplink(self) -> None:
+        assert self.uplink is not None
+        for _ in range(_BURST):
+            frame = self.uplink.recv()
+            if frame is None:
+                return
+            msg = self._updecoder.decode(frame)
+            if msg is None:
+                continue
+            if msg.type == protocol.CONTROL:
+                self._on_control(frame, msg)
+            elif msg.type == protocol.STATUS and msg.body["what"] == "ack":
+                high = (msg.body.get("detail") or {}).get("high")
+                if isinstance(high, dict):
+                    self.uplink.on_ack(high)
+
+    def _on_control(self, frame: bytes, msg: Message) -> None:
+        self.relay.remember(msg, frame)
+        for entry in self.relay.targets(self.registry, msg):
+            self._to_rank(entry, frame)
+        if msg.body["command"] == "export":
+            args = msg.body.get("args") or {}
+            transfer = str(args.get("transfer") or msg.body.get("incident") or "export")
+            for entry in self.relay.lost(self.registry, msg):
+                self._export_on_behalf(entry, transfer, "rank lost before the export")
+            jobs = {msg.job} if msg.job else {e.job for e in self.registry.entries()}
+            for job in jobs:
+                self._publish_map(job)
+
+    def _export_on_behalf(self, entry: RankEntry, transfer: str, reason: str) -> None:
+        self.bundles.write_on_behalf(entry, reason, self.registry.rank_map(entry.job))
+        n = 0
+        for body in self.bundles.chunks(entry, transfer):
+            self._up_own(protocol.BUNDLE_CHUNK, entry.job, body)
+            n += 1
+        log.info("sent %d bundle chunks for rank %s (transfer %s)", n, entry.assigned_rank, transfer)
+
+    def _resend_state(self) -> None:
+        """A (re)connected coordinator may have lost everything: registrations, the rank
+        map, and the name tables the ranks sent long ago."""
+        assert self.uplink is not None
+        jobs = set()
+        for e in self.registry.live():
+            self._forward_register(e)
+            jobs.add(e.job)
+            if "src" in e.extra:
+                self._owed.add(e.extra["src"])
+        for job in jobs:
+            self._publish_map(job)
+        if self._owed:
+            self.uplink.rewrite = self._attach_names
+
+    def _attach_names(self, frame: bytes) -> bytes:
+        if not self._owed:
+            if self.uplink is not None:
+                self.uplink.rewrite = None
+            return frame
+        msg = self._updecoder.decode(frame)
+        if msg is None or msg.type != protocol.STEP:
+            return frame
+        key = f"{msg.job}|{msg.src}"
+        if key not in self._owed:
+            return frame
+        self._owed.discard(key)
+        names = dict(self._names.get(key, {}))
+        names.update(msg.body["new_names"])
+        msg.body["new_names"] = names
+        return encode(msg)
+
+    def _status(self) -> None:
+        if self.uplink is None:
+            return
+        detail = {"host": self.host, "ranks": len(self.registry.live()), "forwarded": self.forwarded,
+                  "rejected": sum(self.decoder.rejected.values()), "spool_bytes": self.uplink.spool.bytes_on_disk,
+                  "spool_dropped": self.uplink.spool.dropped}
+        for job in {e.job for e in self.registry.entries()} or {self.s.job or ""}:
+            self.uplink.send_volatile(self._msg(protocol.STATUS, job, {"what": "agent", "detail": detail}))
+
+
+def job_dir(job: str) -> str:
+    from agent.node.bundles import transfer_id
+
+    return transfer_id(job)

@@ -1,0 +1,124 @@
+"""Is a rank's process still there, and how did it end?
+
+The agent is usually not the rank's parent (msrun is), so it cannot ``waitpid``. It reads
+``/proc/<pid>/stat`` instead: the process start time guards against pid reuse, and while
+the dead process is still a zombie (its parent has not reaped it yet) the kernel shows its
+wait status in field 52 (Linux >= 3.5) -- the exit status "when known". A process whose
+heartbeats stop for ``heartbeat_timeout_s`` while its pid lives is reported as
+unresponsive (a hang with the GIL held, a stuck collective).
+"""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from typing import Iterable
+
+from agent.node.registry import RankEntry
+
+
+@dataclass(frozen=True)
+class ProcStat:
+    state: str  # one letter: R, S, D, Z, ...
+    start_time: int  # clock ticks since boot
+    wait_status: int | None  # raw waitpid status, meaningful for a zombie
+
+
+def read_stat(pid: int) -> ProcStat | None:
+    """None when the pid does not exist (or /proc is unavailable)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            raw = fh.read().decode("ascii", "replace")
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return None
+    except OSError:
+        return None
+    # comm (field 2) may hold spaces and parentheses: the fields start after the last ')'.
+    rest = raw[raw.rfind(")") + 2:].split()
+    try:
+        state, start = rest[0], int(rest[19])
+        wait = int(rest[49]) if len(rest) > 49 else None
+    except (IndexError, ValueError):
+        return None
+    return ProcStat(state, start, wait)
+
+
+def decode_wait_status(status: int | None) -> int | None:
+    """waitpid status -> exit code, or ``-signal`` like subprocess' returncode."""
+    if status is None:
+        return None
+    if os.WIFSIGNALED(status):
+        return -os.WTERMSIG(status)
+    if os.WIFEXITED(status):
+        return os.WEXITSTATUS(status)
+    return None
+
+
+def process_start_time(pid: int) -> int | None:
+    st = read_stat(pid)
+    return None if st is None else st.start_time
+
+
+@dataclass(frozen=True)
+class Lost:
+    entry: RankEntry
+    exit_status: int | None
+    reason: str  # "exited" | "unresponsive"
+
+
+class LivenessMonitor:
+    """Polls the local ranks; reports each loss once.
+
+    ``heartbeat`` records a sign of life; ``check`` returns the ranks lost since the last
+    call. Ranks on another host (no /proc to read) are judged by heartbeats alone.
+    """
+
+    def __init__(self, host: str, heartbeat_timeout_s: float = 15.0) -> None:
+        self.host = host
+        self.heartbeat_timeout_s = heartbeat_timeout_s
+        self._start: dict[int, int | None] = {}
+        self._seen: dict[int, float] = {}  # id(entry) -> last sign of life
+        self._unresponsive: set[int] = set()
+
+    def watch(self, entry: RankEntry, now: float | None = None) -> None:
+        if entry.host == self.host and entry.pid not in self._start:
+            self._start[entry.pid] = process_start_time(entry.pid)
+        self._seen[id(entry)] = time.monotonic() if now is None else now
+
+    def heartbeat(self, entry: RankEntry, now: float | None = None) -> bool:
+        """Record life; True when the rank had been reported unresponsive (it is back)."""
+        self._seen[id(entry)] = time.monotonic() if now is None else now
+        if id(entry) in self._unresponsive:
+            self._unresponsive.discard(id(entry))
+            return True
+        return False
+
+    def forget(self, entry: RankEntry) -> None:
+        self._seen.pop(id(entry), None)
+        self._unresponsive.discard(id(entry))
+
+    def check(self, entries: Iterable[RankEntry], now: float | None = None) -> list[Lost]:
+        now = time.monotonic() if now is None else now
+        lost: list[Lost] = []
+        for e in entries:
+            if e.host == self.host:
+                dead, status = self._dead(e.pid)
+                if dead:
+                    lost.append(Lost(e, status, "exited"))
+                    continue
+            seen = self._seen.get(id(e))
+            if seen is not None and now - seen > self.heartbeat_timeout_s and id(e) not in self._unresponsive:
+                self._unresponsive.add(id(e))
+                lost.append(Lost(e, None, "unresponsive"))
+        return lost
+
+    def _dead(self, pid: int) -> tuple[bool, int | None]:
+        st = read_stat(pid)
+        if st is None:
+            return True, None
+        known = self._start.get(pid)
+        if known is not None and st.start_time != known:
+            return True, None  # the pid now belongs to another process
+        if st.state in ("Z", "X"):
+            return True, decode_wait_status(st.wait_status)
+        return False, None

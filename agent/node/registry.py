@@ -1,0 +1,205 @@
+"""Which process is which rank: registrations, deterministic remap, the rank map.
+
+Data-parallel inference workers (SGLang/vLLM style) all call themselves rank 0. Their
+dump folders would collide, and the coordinator could not tell them apart. The registry
+gives every live process of a job a unique id:
+
+- a claim nobody else (alive) holds is kept as is;
+- claimants of one id are ordered by (DP index, device id, pid) -- what they report,
+  so the order does not depend on who connected first -- the first keeps the id, the
+  others get the lowest ids that no process claims or ever held.
+
+Registrations are collected for ``settle_s`` before they are answered, so processes
+started together are ordered together; later arrivals that clash take fresh ids (an id
+already answered is never taken back: the rank's dump folder is named by it).
+
+Pure logic plus :func:`write_rank_map`; the daemon drives it with a clock.
+"""
+from __future__ import annotations
+
+import enum
+import json
+import os
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable
+
+
+class RankState(str, enum.Enum):
+    """PENDING: registered, id not answered yet. LIVE: answered, process running.
+    FINISHED: said goodbye (normal end). LOST: process gone (or silent) without goodbye."""
+
+    PENDING = "pending"
+    LIVE = "live"
+    FINISHED = "finished"
+    LOST = "lost"
+
+
+@dataclass
+class RankEntry:
+    job: str
+    host: str
+    pid: int
+    claimed_rank: int | None
+    identity: bytes
+    world_size: int | None = None
+    dp_index: int | None = None
+    device_id: int | None = None
+    local_rank: int | None = None
+    label: str = ""
+    assigned_rank: int | None = None
+    remapped: bool = False
+    state: RankState = RankState.PENDING
+    registered_at: float = 0.0
+    last_step: int = -1
+    exit_status: int | None = None
+    reason: str = ""
+    extra: dict = field(default_factory=dict)
+
+    def sort_key(self) -> tuple:
+        # Reported placement first (absent sorts last), pid breaks ties.
+        return (self.dp_index is None, self.dp_index or 0,
+                self.device_id is None, self.device_id or 0, self.pid)
+
+    def map_entry(self) -> dict:
+        """One rank_map.json row: the original claim next to what was assigned."""
+        return {"job": self.job, "claimed_rank": self.claimed_rank, "assigned_rank": self.assigned_rank,
+                "remapped": self.remapped, "host": self.host, "pid": self.pid,
+                "device_id": self.device_id, "dp_index": self.dp_index, "local_rank": self.local_rank,
+                "world_size": self.world_size, "label": self.label, "state": self.state.value,
+                "last_step": self.last_step, "exit_status": self.exit_status, "reason": self.reason}
+
+
+_INFO_FIELDS = ("world_size", "dp_index", "device_id", "local_rank", "label")
+
+
+class RankRegistry:
+    def __init__(self, settle_s: float = 0.3, clock: Callable[[], float] = time.monotonic) -> None:
+        if settle_s < 0:
+            raise ValueError(f"settle_s must be >= 0, got {settle_s}")
+        self.settle_s = settle_s
+        self._clock = clock
+        self._entries: dict[tuple[str, str, int], RankEntry] = {}
+        self._ever_assigned: dict[str, set[int]] = {}
+        self._pending_since: dict[str, float] = {}
+
+    # --- registration --------------------------------------------------------------
+    def claim(self, identity: bytes, job: str, info: dict) -> RankEntry:
+        """Record a REGISTER body. A process registering again (client reconnect) gets
+        its existing entry back, with the new routing identity."""
+        key = (job, info["host"], int(info["pid"]))
+        entry = self._entries.get(key)
+        if entry is not None and entry.state in (RankState.PENDING, RankState.LIVE):
+            entry.identity = identity
+            return entry
+        entry = RankEntry(job=job, host=info["host"], pid=int(info["pid"]),
+                          claimed_rank=info.get("claimed_rank"), identity=identity,
+                          registered_at=self._clock(),
+                          **{k: info[k] for k in _INFO_FIELDS if info.get(k) is not None})
+        self._entries[key] = entry
+        self._pending_since.setdefault(job, entry.registered_at)
+        return entry
+
+    def due(self, now: float | None = None) -> list[RankEntry]:
+        """Assign ids to every job whose settle window has passed; return the entries
+        that just got one (the daemon answers them)."""
+        now = self._clock() if now is None else now
+        done: list[RankEntry] = []
+        for job, since in list(self._pending_since.items()):
+            if now - since >= self.settle_s or self._complete(job):
+                done += self._assign(job)
+                del self._pending_since[job]
+        return done
+
+    def _complete(self, job: str) -> bool:
+        """Every rank of a known world size is here and no two claim the same id: no
+        reason to wait for anyone else."""
+        active = [e for e in self.entries(job) if e.state in (RankState.PENDING, RankState.LIVE)]
+        sizes = {e.world_size for e in active if e.world_size}
+        claims = [e.claimed_rank if e.state is RankState.PENDING else e.assigned_rank for e in active]
+        return (len(sizes) == 1 and len(active) == sizes.pop() and None not in claims
+                and len(set(claims)) == len(claims))
+
+    def _assign(self, job: str) -> list[RankEntry]:
+        entries = self.entries(job)
+        pending = sorted((e for e in entries if e.state is RankState.PENDING), key=RankEntry.sort_key)
+        held = {e.assigned_rank for e in entries if e.state is RankState.LIVE}
+        ever = self._ever_assigned.setdefault(job, set())
+        claimed = {e.claimed_rank for e in pending if e.claimed_rank is not None}
+        blocked = held | ever | claimed
+
+        def fresh() -> int:
+            n = 0
+            while n in blocked:
+                n += 1
+            blocked.add(n)
+            return n
+
+        by_claim: dict[int | None, list[RankEntry]] = {}
+        for e in pending:
+            by_claim.setdefault(e.claimed_rank, []).append(e)
+        order = sorted(by_claim, key=lambda c: (c is None, c or 0))
+        # Keepers first so a clash's fresh ids never take an id someone claims outright.
+        for claim in order:
+            first = by_claim[claim][0]
+            if claim is not None and claim not in held:
+                self._set(first, claim, remapped=False)
+                held.add(claim)
+        for claim in order:
+            for e in by_claim[claim]:
+                if e.assigned_rank is None:
+                    self._set(e, fresh(), remapped=claim is not None)
+        ever.update(e.assigned_rank for e in pending)  # type: ignore[misc]
+        return pending
+
+    @staticmethod
+    def _set(entry: RankEntry, rank: int, remapped: bool) -> None:
+        entry.assigned_rank, entry.remapped, entry.state = rank, remapped, RankState.LIVE
+
+    # --- state changes -------------------------------------------------------------
+    def finish(self, entry: RankEntry) -> None:
+        entry.state = RankState.FINISHED
+
+    def lose(self, entry: RankEntry, exit_status: int | None, reason: str) -> None:
+        entry.state, entry.exit_status, entry.reason = RankState.LOST, exit_status, reason
+
+    # --- queries -------------------------------------------------------------------
+    def entries(self, job: str | None = None) -> list[RankEntry]:
+        return [e for e in self._entries.values() if job is None or e.job == job]
+
+    def live(self) -> list[RankEntry]:
+        return [e for e in self._entries.values() if e.state is RankState.LIVE]
+
+    def by_identity(self, identity: bytes) -> RankEntry | None:
+        for e in self._entries.values():
+            if e.identity == identity and e.state in (RankState.PENDING, RankState.LIVE):
+                return e
+        return None
+
+    def by_rank(self, job: str, rank: int) -> list[RankEntry]:
+        """Every entry (live or not) that was assigned ``rank`` in ``job``, newest last."""
+        return [e for e in self._entries.values() if e.job == job and e.assigned_rank == rank]
+
+    def rank_map(self, job: str | None = None) -> list[dict]:
+        rows = [e.map_entry() for e in self.entries(job) if e.assigned_rank is not None]
+        return sorted(rows, key=lambda r: (r["job"], r["assigned_rank"], r["pid"]))
+
+
+def write_rank_map(path: str | Path, rows: Iterable[dict]) -> Path:
+    """Atomically (temp + rename) write ``rank_map.json``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".rank_map.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            json.dump({"format": "rankscope-rank-map/1", "entries": list(rows)}, fh, indent=1)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    return path

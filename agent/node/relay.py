@@ -1,0 +1,52 @@
+"""Which local ranks a coordinator CONTROL goes to, and what a late-joining rank must hear.
+
+Pure logic: the daemon sends the frames. A pause or terminate is *sticky*: a rank that
+registers after the cluster was paused gets the same command right after its id, so it
+stops at its first step boundary like everybody else; ``resume`` clears it. ``step N``
+is not sticky (a newcomer has no N steps to catch up on; it is paused instead).
+"""
+from __future__ import annotations
+
+from agent.node.registry import RankEntry, RankRegistry, RankState
+from agent.protocol import Message
+
+_STICKY = ("pause", "terminate")
+
+
+class ControlRelay:
+    def __init__(self) -> None:
+        self._sticky: dict[str, bytes] = {}  # job -> frame of the last pause/terminate
+
+    def targets(self, registry: RankRegistry, msg: Message) -> list[RankEntry]:
+        """Live local ranks addressed by ``msg`` (its job, or every job when empty;
+        ``target`` narrows to one assigned rank)."""
+        target = msg.body.get("target")
+        return [e for e in registry.entries()
+                if e.state is RankState.LIVE and (not msg.job or e.job == msg.job)
+                and (target is None or e.assigned_rank == target)]
+
+    def lost(self, registry: RankRegistry, msg: Message) -> list[RankEntry]:
+        """Dead ranks addressed by ``msg``: the agent answers an export for them."""
+        target = msg.body.get("target")
+        return [e for e in registry.entries()
+                if e.state is RankState.LOST and (not msg.job or e.job == msg.job)
+                and (target is None or e.assigned_rank == target)]
+
+    def remember(self, msg: Message, frame: bytes) -> None:
+        if msg.body.get("target") is not None:
+            return  # a command for one rank says nothing about newcomers
+        command = msg.body["command"]
+        jobs = [msg.job] if msg.job else ["*"]
+        for job in jobs:
+            if command in _STICKY:
+                self._sticky[job] = frame
+            elif command == "step" and job in self._sticky:
+                pass  # still paused afterwards: keep the pause for newcomers
+            elif command == "resume":
+                if job == "*":
+                    self._sticky.clear()
+                else:
+                    self._sticky.pop(job, None)
+
+    def for_newcomer(self, job: str) -> bytes | None:
+        return self._sticky.get(job) or self._sticky.get("*")
