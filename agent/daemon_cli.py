@@ -35,9 +35,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds without a heartbeat before a live rank is reported unresponsive")
     p.add_argument("--settle", type=float, default=0.3,
                    help="seconds registrations are collected before ids are assigned (default: %(default)s)")
-    p.add_argument("--curve-secret", default=None,
+    p.add_argument("--curve-secret", "--curve-secret-key", dest="curve_secret", default=None,
                    help="this agent's CURVE secret key file (rankscope keys new NAME -> NAME.key_secret)")
-    p.add_argument("--coordinator-key", default=None, help="the coordinator's CURVE public key file")
+    p.add_argument("--coordinator-key", "--curve-server-key", dest="coordinator_key", default=None,
+                   help="the coordinator's CURVE public key file")
+    p.add_argument("--host", default=None,
+                   help="host name this agent reports (default: the machine's); ranks whose claimed host "
+                        "differs are judged by heartbeats only, not by pid")
     p.add_argument("--allow-dir", default=None,
                    help="client public keys admitted on a non-local --listen (with --curve-secret)")
     p.add_argument("--log-level", default="INFO")
@@ -66,7 +70,7 @@ def settings_from_args(args: argparse.Namespace):
         listen=args.listen, coordinator=args.coordinator, job=args.job, spool_dir=Path(args.spool),
         bundle_dir=Path(args.bundle_dir), flight_recorder_steps=args.flight_recorder_steps,
         spool_max_bytes=args.spool_max_mb << 20, heartbeat_timeout_s=args.heartbeat_timeout,
-        settle_s=args.settle, listen_curve=listen_curve, coordinator_curve=coord_curve)
+        settle_s=args.settle, listen_curve=listen_curve, coordinator_curve=coord_curve, host=args.host)
 
 
 def main(argv: list[str]) -> int:

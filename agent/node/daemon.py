@@ -48,12 +48,13 @@ class AgentSettings:
     replay_window_s: float = 10.0
     listen_curve: CurveKeys | None = None  # CURVE server keys when --listen is not local
     coordinator_curve: CurveKeys | None = None  # CURVE client keys for a non-local coordinator
+    host: str | None = None  # default: socket.gethostname()
 
 
 class NodeAgent:
     def __init__(self, settings: AgentSettings) -> None:
         self.s = settings
-        self.host = socket.gethostname()
+        self.host = settings.host or socket.gethostname()
         self.src = f"agent:{self.host}:{os.getpid()}"
         # Time-based start: a restarted agent's seqs stay above what the coordinator's
         # replay filter remembers from the previous one.
