@@ -1,0 +1,278 @@
+"""Step alignment: every rank's records of one step side by side, as (ranks x columns) arrays.
+
+Records are keyed by (group, step, name, call index): the group picks the slot
+table, the step the slot, the rank the row and (name, call index) the column
+(:mod:`coordinator.logic.names`). A slot is released for judging once every live
+rank of its group has reported the step, or once ``deadline_s`` has passed since
+its first record (the missing ranks are then a finding), or when more than
+``max_pending_steps`` slots wait, so memory stays bounded when a rank falls behind.
+Slots are released in step order, so detectors always see the earliest step first.
+Judged slots are dropped; the group keeps only the previous one (``prev``) for
+detectors that compare consecutive steps, plus whatever state a detector keeps.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from agent.records import NO_CRC, StepBatch
+from coordinator.logic.names import UNKNOWN, KeyTable, RankNames
+from coordinator.logic.settings import CoordinatorSettings
+
+NO_EXEC = np.iinfo(np.int64).max
+
+
+class RankState(str, enum.Enum):
+    """EXPECTED: in the group (world size / configured list) but not heard from yet.
+    RUNNING/PAUSED: live, per its heartbeats. STALLED: missed a deadline; not waited
+    for until it reports again. LOST: gone (the node agent said so). FINISHED: ended
+    normally."""
+
+    EXPECTED = "expected"
+    RUNNING = "running"
+    PAUSED = "paused"
+    STALLED = "stalled"
+    LOST = "lost"
+    FINISHED = "finished"
+
+
+LIVE_STATES = frozenset({RankState.EXPECTED, RankState.RUNNING, RankState.PAUSED})
+
+
+@dataclass
+class RankRecord:
+    job: str
+    rank: int
+    group: "Group"
+    pos: int
+    state: RankState = RankState.EXPECTED
+    info: dict[str, Any] = field(default_factory=dict)
+    names: RankNames = field(default_factory=RankNames)
+    last_step: int = -1  # newest step this rank reported
+    last_seen: float | None = None
+    heartbeat_step: int | None = None
+
+
+class StepSlot:
+    """One step of one group. Rows are group positions, columns job-wide keys."""
+
+    def __init__(self, step: int, created: float, rows: int, cols: int) -> None:
+        self.step, self.created = step, created
+        self.reported = np.zeros(rows, bool)
+        self.present = np.zeros((rows, cols), bool)
+        self.exec = np.full((rows, cols), NO_EXEC, np.int64)
+        self.stats = np.full((rows, cols, 4), np.nan)
+        self.nan = np.zeros((rows, cols), np.int64)
+        self.inf = np.zeros((rows, cols), np.int64)
+        self.numel = np.zeros((rows, cols), np.int64)
+        self.crc = np.full((rows, cols), NO_CRC, np.int64)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.present.shape
+
+    def grow(self, rows: int, cols: int) -> None:
+        r0, c0 = self.shape
+        rows, cols = max(rows, r0), max(cols, c0)
+        for attr, fill in (("present", False), ("exec", NO_EXEC), ("nan", 0), ("inf", 0),
+                           ("numel", 0), ("crc", NO_CRC)):
+            old = getattr(self, attr)
+            new = np.full((rows, cols), fill, old.dtype)
+            new[:r0, :c0] = old
+            setattr(self, attr, new)
+        stats = np.full((rows, cols, 4), np.nan)
+        stats[:r0, :c0] = self.stats
+        self.stats = stats
+        reported = np.zeros(rows, bool)
+        reported[:r0] = self.reported
+        self.reported = reported
+
+
+@dataclass
+class StepView:
+    """What a detector judges: one step of one group, trimmed to its ranks and columns."""
+
+    job: str
+    group: str
+    step: int
+    ranks: np.ndarray  # (R,) rank id of each row
+    live: np.ndarray  # (R,) bool, ranks the step waited for
+    reported: np.ndarray  # (R,) bool
+    present: np.ndarray  # (R, K) bool
+    exec: np.ndarray  # (R, K) int64, NO_EXEC where absent
+    stats: np.ndarray  # (R, K, 4) Max/Min/Mean/Norm, NaN where absent
+    nan: np.ndarray
+    inf: np.ndarray
+    numel: np.ndarray
+    crc: np.ndarray
+    kind: np.ndarray  # (K,) int16 per column
+    keys: KeyTable
+    replicas_mode: bool = False
+    prev: "StepView | None" = None
+    missing: list[int] = field(default_factory=list)  # live ranks absent at judging
+    by_deadline: bool = False
+
+
+class Group:
+    def __init__(self, job: str, index: int, label: str, fixed: tuple[int, ...] | None) -> None:
+        self.job, self.index, self.label = job, index, label
+        self.members: list[RankRecord] = []
+        self.slots: dict[int, StepSlot] = {}
+        self.judged_through = -1
+        self.prev: StepView | None = None
+        self.state: dict[str, Any] = {}  # per-detector history, owned by the detectors
+        self.fixed = fixed
+
+    def ranks(self) -> np.ndarray:
+        return np.fromiter((m.rank for m in self.members), np.int64, len(self.members))
+
+    def live_mask(self) -> np.ndarray:
+        return np.fromiter((m.state in LIVE_STATES for m in self.members), bool, len(self.members))
+
+    def newest_step(self) -> int:
+        return max((m.last_step for m in self.members), default=-1)
+
+
+class StepAligner:
+    def __init__(self, settings: CoordinatorSettings) -> None:
+        self.settings = settings
+        self.keys: dict[str, KeyTable] = {}
+        self.groups: dict[tuple[str, int], Group] = {}
+        self.ranks: dict[tuple[str, int], RankRecord] = {}
+        self.counters = {"records": 0, "batches": 0, "late_records": 0, "unknown_name_records": 0,
+                         "steps_judged": 0, "steps_by_deadline": 0, "steps_forced": 0}
+
+    # --- membership ---------------------------------------------------------------
+    def _group_for(self, job: str, rank: int) -> Group:
+        groups = self.settings.groups
+        if isinstance(groups, tuple):
+            index = next((i for i, g in enumerate(groups) if rank in g), len(groups))
+            fixed = groups[index] if index < len(groups) else None
+        else:
+            index, fixed = 0, None
+        grp = self.groups.get((job, index))
+        if grp is None:
+            grp = self.groups[(job, index)] = Group(job, index, f"{job}/{index}", fixed)
+            for r in fixed or ():
+                self._add(job, r, grp)
+        return grp
+
+    def _add(self, job: str, rank: int, grp: Group) -> RankRecord:
+        rec = RankRecord(job, rank, grp, len(grp.members))
+        grp.members.append(rec)
+        self.ranks[(job, rank)] = rec
+        return rec
+
+    def rank(self, job: str, rank: int) -> RankRecord:
+        rec = self.ranks.get((job, rank))
+        if rec is None:
+            rec = self._add(job, rank, self._group_for(job, rank))
+        return rec
+
+    def register(self, job: str, rank: int, info: dict[str, Any]) -> RankRecord:
+        rec = self.rank(job, rank)
+        rec.info.update(info)
+        ws = info.get("world_size")
+        # In "dp"/"replicas" mode the group is the whole job: expect every rank of the
+        # world size, so step 0 is not judged before the slow starters registered.
+        if isinstance(ws, int) and not isinstance(self.settings.groups, tuple):
+            for r in range(min(ws, 1 << 16)):
+                self.rank(job, r)
+        return rec
+
+    # --- ingestion ----------------------------------------------------------------
+    def ingest(self, b: StepBatch, now: float) -> None:
+        rec = self.rank(b.job, b.rank)
+        table = self.keys.get(b.job)
+        if table is None:
+            table = self.keys[b.job] = KeyTable()
+        if b.new_names:
+            rec.names.learn(table, b.new_names)
+        n = len(b)
+        self.counters["batches"] += 1
+        rec.last_seen = now
+        if rec.state in (RankState.EXPECTED, RankState.STALLED):
+            rec.state = RankState.RUNNING
+        if b.step > rec.last_step:
+            rec.last_step = b.step
+        grp = rec.group
+        if b.step <= grp.judged_through:
+            self.counters["late_records"] += n
+            return
+        slot = grp.slots.get(b.step)
+        if slot is None:
+            slot = grp.slots[b.step] = StepSlot(b.step, now, len(grp.members), max(len(table), 1))
+        p = rec.pos
+        if p >= slot.shape[0]:
+            slot.grow(len(grp.members), len(table))
+        slot.reported[p] = True
+        if not n:
+            return
+        ids = b.name_ids
+        keys = rec.names.map(ids)
+        rows = None
+        if (keys == UNKNOWN).any():  # names lost (e.g. our restart before the resend)
+            rows = np.flatnonzero(keys != UNKNOWN)
+            self.counters["unknown_name_records"] += n - rows.shape[0]
+            keys, ids = keys[rows], ids[rows]
+        if keys.shape[0] > 1:
+            srt = np.sort(keys)
+            if (srt[1:] == srt[:-1]).any():
+                keys = rec.names.with_calls(table, ids, keys)
+        if len(table) > slot.shape[1]:
+            slot.grow(len(grp.members), len(table))
+        sel = (lambda a: a) if rows is None else (lambda a: a[rows])
+        table.learn_kinds(keys, sel(b.kinds))
+        slot.present[p, keys] = True
+        slot.exec[p, keys] = sel(b.exec_index)
+        slot.stats[p, keys] = sel(b.stats)
+        slot.nan[p, keys] = sel(b.nan_count)
+        slot.inf[p, keys] = sel(b.inf_count)
+        slot.numel[p, keys] = sel(b.numel)
+        slot.crc[p, keys] = sel(b.crc32)
+        self.counters["records"] += keys.shape[0]
+
+    # --- release for judging ------------------------------------------------------
+    def ready(self, now: float, force: bool = False) -> list[tuple[Group, StepView]]:
+        """Slots to judge now, oldest step first per group."""
+        out: list[tuple[Group, StepView]] = []
+        for grp in self.groups.values():
+            while grp.slots:
+                step = min(grp.slots)
+                slot = grp.slots[step]
+                live = grp.live_mask()
+                rows = slot.shape[0]
+                if rows < live.shape[0]:
+                    slot.grow(live.shape[0], slot.shape[1])
+                missing = live & ~slot.reported[: live.shape[0]]
+                late = now - slot.created >= self.settings.deadline_s
+                over = len(grp.slots) > self.settings.max_pending_steps
+                if missing.any() and not (force or late or over):
+                    break
+                del grp.slots[step]
+                grp.judged_through = step
+                self.counters["steps_judged"] += 1
+                if missing.any():
+                    self.counters["steps_by_deadline" if late else "steps_forced"] += 1
+                out.append((grp, self._view(grp, slot, live, missing, by_deadline=bool(missing.any()) and late)))
+        return out
+
+    def _view(self, grp: Group, slot: StepSlot, live: np.ndarray, missing: np.ndarray,
+              by_deadline: bool) -> StepView:
+        table = self.keys.get(grp.job) or KeyTable()
+        r, k = len(grp.members), min(len(table), slot.shape[1])
+        ranks = grp.ranks()
+        return StepView(
+            job=grp.job, group=grp.label, step=slot.step, ranks=ranks, live=live,
+            reported=slot.reported[:r], present=slot.present[:r, :k], exec=slot.exec[:r, :k],
+            stats=slot.stats[:r, :k], nan=slot.nan[:r, :k], inf=slot.inf[:r, :k],
+            numel=slot.numel[:r, :k], crc=slot.crc[:r, :k], kind=table.kind[:k].copy(), keys=table,
+            replicas_mode=self.settings.replicas_mode, prev=grp.prev,
+            missing=[int(x) for x in ranks[missing]], by_deadline=by_deadline,
+        )
+
+    def pending_steps(self) -> int:
+        return sum(len(g.slots) for g in self.groups.values())

@@ -1,0 +1,313 @@
+"""CoordinatorCore: the coordinator's decisions, with no Ray, sockets or threads.
+
+The service (coordinator/actor.py) feeds it decoded messages (``on_register``,
+``on_step``, ``on_heartbeat``, ``on_rank_lost``, ...), calls :meth:`tick` often, and
+performs the :class:`~coordinator.logic.incident.Action` objects it hands out via
+:meth:`take_actions` (pause/export/resume/terminate every rank, write incident.json via
+:meth:`write_incident`). Time comes from the injected ``clock`` so tests script it.
+"""
+from __future__ import annotations
+
+import collections
+import logging
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from agent.records import StepBatch
+from coordinator.logic.aligner import LIVE_STATES, Group, RankState, StepAligner, StepView
+from coordinator.logic.detectors.progress import ProgressDetector
+from coordinator.logic.incident import Action, ActionKind, Incident, IncidentEvent, IncidentState
+from coordinator.logic.incident_store import IncidentStore, write_incident
+from coordinator.logic.registry import build_step_detectors
+from coordinator.logic.series import SeriesRecorder
+from coordinator.logic.settings import CoordinatorSettings, OnDivergence, parse_settings
+from coordinator.logic.verdict import Verdict
+from coordinator.logic.watchpoint_rules import parse_watchpoints
+from coordinator.logic.settings import SettingsError
+
+log = logging.getLogger(__name__)
+
+_HEARTBEAT_STATES = {"paused": RankState.PAUSED, "running": RankState.RUNNING, "stepping": RankState.RUNNING,
+                     "terminated": RankState.FINISHED}
+MAX_RELATED = 100
+
+
+class CoordinatorCore:
+    def __init__(self, settings: CoordinatorSettings | dict | None = None,
+                 clock: Callable[[], float] = time.monotonic, *,
+                 export_dir: str | os.PathLike | None = None,
+                 wall_clock: Callable[[], float] = time.time) -> None:
+        if settings is None or isinstance(settings, dict):
+            settings = parse_settings(settings)
+        self.settings = settings
+        self.clock, self.wall_clock = clock, wall_clock
+        self.export_dir = Path(export_dir) if export_dir is not None else None
+        self.aligner = StepAligner(settings)
+        self.detectors = build_step_detectors(settings)
+        self.progress = ProgressDetector(settings.detectors.progress)
+        self.series = SeriesRecorder()
+        self.store = IncidentStore(self.export_dir)
+        self.rank_maps: dict[str, list[dict[str, Any]]] = {}
+        self.verdicts: collections.deque[Verdict] = collections.deque(maxlen=1000)
+        self._quiet: dict[tuple, float] = {}
+        self._pending: list[Verdict] = []
+        self._actions: list[Action] = []
+        self._incidents: dict[str, Incident] = {}
+        self._since: dict[str, float] = {}
+        for inc in self.store.load_all():  # a restarted coordinator keeps its incidents
+            self._incidents[inc.incident_id] = inc
+            if not inc.final:
+                self._since[inc.incident_id] = clock()
+
+    # --- ingestion ----------------------------------------------------------------
+    def on_register(self, job: str, rank: int, info: dict[str, Any]) -> None:
+        self.aligner.register(job, rank, dict(info))
+
+    def on_step(self, batch: StepBatch) -> None:
+        self.aligner.ingest(batch, self.clock())
+
+    def on_steps(self, batches: list[StepBatch]) -> None:
+        now = self.clock()
+        for b in batches:
+            self.aligner.ingest(b, now)
+
+    def on_heartbeat(self, job: str, rank: int, step: int, state: str) -> None:
+        rec = self.aligner.rank(job, rank)
+        rec.last_seen, rec.heartbeat_step = self.clock(), step
+        new = _HEARTBEAT_STATES.get(state)
+        if new is not None and rec.state not in (RankState.LOST, RankState.FINISHED):
+            rec.state = new
+
+    def on_rank_lost(self, job: str, rank: int, last_step: int, exit_status: int | None, reason: str) -> None:
+        rec = self.aligner.rank(job, rank)
+        if rec.state in (RankState.LOST, RankState.FINISHED):
+            return
+        if exit_status == 0:  # a clean exit the agent noticed before we heard "finished"
+            rec.state = RankState.FINISHED
+            return
+        rec.state = RankState.LOST
+        if self.settings.detectors.progress.enabled:
+            self._pending.append(self.progress.lost(rec, last_step, exit_status, reason))
+
+    def on_rank_finished(self, job: str, rank: int, last_step: int | None = None) -> None:
+        rec = self.aligner.rank(job, rank)
+        rec.state = RankState.FINISHED
+        if last_step is not None:
+            rec.last_step = max(rec.last_step, last_step)
+
+    def on_rank_map(self, job: str, entries: list[dict[str, Any]]) -> None:
+        self.rank_maps[job] = list(entries)
+
+    def set_watchpoints(self, rules: list[dict[str, Any]]) -> None:
+        """Replace the watchpoints at run time (same format as ``cluster.watchpoints``)."""
+        parsed = parse_watchpoints(rules, "watchpoints", SettingsError)
+        for det in self.detectors:
+            if det.name == "watchpoint":
+                det.set_rules(parsed)
+                return
+        from coordinator.logic.detectors.watchpoints import WatchpointDetector
+        self.detectors.append(WatchpointDetector(parsed))
+
+    # --- judging ------------------------------------------------------------------
+    def tick(self, now: float | None = None) -> list[Verdict]:
+        """Judge every step that is complete or past its deadline; advance incidents."""
+        now = self.clock() if now is None else now
+        return self._judge(now, force=False)
+
+    def drain(self) -> list[Verdict]:
+        """Judge everything pending now (job end). Ranks missing from these last steps
+        are not findings: a rank that died is reported by its node agent instead."""
+        return self._judge(self.clock(), force=True)
+
+    def _judge(self, now: float, force: bool) -> list[Verdict]:
+        found, self._pending = self._pending, []
+        for grp, view in self.aligner.ready(now, force=force):
+            found += self._judge_step(grp, view, report_missing=not force or view.by_deadline)
+        if self.settings.detectors.progress.enabled:
+            for grp in self.aligner.groups.values():
+                for v in self.progress.lagging(grp):
+                    self._stall(grp.job, [v.rank, *v.ties])
+                    found.append(v)
+        out = [v for v in sorted(found, key=Verdict.sort_key) if not self._suppressed(v)]
+        for v in out:
+            self.verdicts.append(v)
+            self._open_or_attach(v)
+        self._advance_incidents(now)
+        return out
+
+    def _judge_step(self, grp: Group, view: StepView, report_missing: bool) -> list[Verdict]:
+        found: list[Verdict] = []
+        for det in self.detectors:
+            try:
+                found += det.judge(view, grp.state.setdefault(det.name, {}))
+            except Exception:  # one broken detector must not blind the others
+                log.exception("detector %s failed on %s step %d", det.name, view.group, view.step)
+        if view.missing and report_missing and self.settings.detectors.progress.enabled:
+            found += self.progress.missing(view, grp.members, self.settings.deadline_s)
+            self._stall(grp.job, view.missing)
+        self.series.add(view)
+        view.prev = None  # keep one step of history, not a chain
+        grp.prev = view
+        return found
+
+    def _stall(self, job: str, ranks: list[int]) -> None:
+        # Not waited for until it reports again, so one hung rank costs one deadline, not one per step.
+        for r in ranks:
+            rec = self.aligner.ranks.get((job, r))
+            if rec is not None and rec.state in LIVE_STATES:
+                rec.state = RankState.STALLED
+
+    def _suppressed(self, v: Verdict) -> bool:
+        # NaN spreads to every rank after the first reduction: one origin per group.
+        # Other detectors stay quiet about a flagged rank for repeat_after_steps.
+        if v.detector == "nan_origin":
+            key, until = (v.detector, v.group, None), math.inf
+        else:
+            key, until = (v.detector, v.group, v.rank), v.step + self.settings.detectors.repeat_after_steps
+        if v.step < self._quiet.get(key, -math.inf):
+            return True
+        self._quiet[key] = until
+        return False
+
+    # --- incidents ----------------------------------------------------------------
+    def _active(self, job: str) -> Incident | None:
+        return next((i for i in self._incidents.values() if i.job == job and not i.final), None)
+
+    def _open_or_attach(self, v: Verdict, policy: OnDivergence | None = None) -> Incident:
+        inc = self._active(v.job)
+        if inc is not None:
+            if len(inc.related) < MAX_RELATED:
+                inc.related.append(v.to_dict())
+                self.store.save(inc)
+            return inc
+        wall = self.wall_clock()
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(wall))
+        base = f"{stamp}-{v.detector}-r{v.rank}-s{v.step}"
+        iid, n = base, 1
+        while iid in self._incidents:
+            n += 1
+            iid = f"{base}-{n}"
+        inc = Incident(iid, v.job, policy or self.settings.on_divergence, v, wall)
+        self._incidents[iid] = inc
+        self._fire(inc, IncidentEvent.START)
+        return inc
+
+    def _fire(self, inc: Incident, event: IncidentEvent) -> list[Action]:
+        actions = inc.apply(event, self.wall_clock())
+        self._since[inc.incident_id] = self.clock()
+        if inc.state in (IncidentState.EXPORTING, IncidentState.WRITTEN) and not inc.ranks:
+            inc.ranks = self._rank_snapshot(inc.job)
+        self.store.save(inc)
+        self._actions += actions
+        return actions
+
+    def _job_ranks(self, job: str):
+        return [r for (j, _), r in sorted(self.aligner.ranks.items()) if j == job]
+
+    def _rank_snapshot(self, job: str) -> dict[int, dict[str, Any]]:
+        return {r.rank: {"state": r.state.value, "step": r.last_step, "heartbeat_step": r.heartbeat_step}
+                for r in self._job_ranks(job)}
+
+    def _advance_incidents(self, now: float) -> None:
+        for inc in list(self._incidents.values()):
+            since = self._since.get(inc.incident_id, now)
+            if inc.state is IncidentState.PAUSING:
+                running = [r for r in self._job_ranks(inc.job) if r.state in (RankState.RUNNING, RankState.PAUSED)]
+                if all(r.state is RankState.PAUSED for r in running):
+                    self._fire(inc, IncidentEvent.ALL_PAUSED)
+                elif now - since >= self.settings.pause_timeout_s:
+                    self._fire(inc, IncidentEvent.PAUSE_TIMEOUT)
+            elif inc.state is IncidentState.EXPORTING:
+                want = {r.rank for r in self._job_ranks(inc.job) if r.state is not RankState.EXPECTED}
+                if want <= set(inc.bundles):
+                    self._fire(inc, IncidentEvent.BUNDLES_RECEIVED)
+                elif now - since >= self.settings.export_timeout_s:
+                    self._fire(inc, IncidentEvent.EXPORT_TIMEOUT)
+
+    def take_actions(self) -> list[Action]:
+        """Actions the service must perform now, oldest first (each is handed out once)."""
+        out, self._actions = self._actions, []
+        return out
+
+    def on_bundle(self, incident_id: str, rank: int, path: str | os.PathLike) -> None:
+        inc = self._incidents[incident_id]
+        inc.bundles[int(rank)] = str(path)
+        self.store.save(inc)
+
+    def write_incident(self, incident_id: str) -> Path:
+        """Perform a WRITE_INCIDENT action: write incident.json, then move on per policy."""
+        if self.export_dir is None:
+            raise ValueError("export_dir: not set, cannot write incident.json")
+        inc = self._incidents[incident_id]
+        path = write_incident(self.export_dir, inc, rank_map=self.rank_maps.get(inc.job))
+        inc.incident_json = str(path)
+        self._fire(inc, IncidentEvent.WRITE_DONE)
+        return path
+
+    def incident_event(self, incident_id: str, event: IncidentEvent | str) -> list[Action]:
+        """Drive an incident from outside (e.g. the service's own write); returns its actions."""
+        return self._fire(self._incidents[incident_id], IncidentEvent(event))
+
+    def operator(self, command: str, job: str | None = None, n: int | None = None) -> list[Action]:
+        """An operator's pause/resume/step/terminate/export; routed through the open incident."""
+        job = job or self._only_job()
+        inc = self._active(job)
+        if command in ("resume", "terminate") and inc is not None:
+            return self._fire(inc, IncidentEvent(command))
+        if command == "export":
+            v = Verdict("manual", -1, max((r.last_step for r in self._job_ranks(job)), default=-1), None, None,
+                        None, f"{job}/*", {"rule": "operator export"}, [], job)
+            if inc is not None:
+                raise ValueError(f"export: incident {inc.incident_id} is already open for job {job}")
+            before = len(self._actions)
+            self._open_or_attach(v, OnDivergence.EXPORT)
+            return self._actions[before:]
+        kinds = {"pause": ActionKind.PAUSE, "resume": ActionKind.RESUME, "terminate": ActionKind.TERMINATE,
+                 "step": ActionKind.STEP}
+        if command not in kinds:
+            raise ValueError(f"command: unknown {command!r} (pause|resume|step|terminate|export)")
+        if command == "step" and (not isinstance(n, int) or n < 1):
+            raise ValueError(f"step: n must be a positive integer, got {n!r}")
+        act = Action(kinds[command], job, None, {"n": n} if command == "step" else {})
+        self._actions.append(act)
+        return [act]
+
+    def _only_job(self) -> str:
+        jobs = sorted({j for j, _ in self.aligner.ranks} | ({self.settings.job} if self.settings.job else set()))
+        if len(jobs) != 1:
+            raise ValueError(f"job: must be given when the coordinator serves {len(jobs)} jobs ({jobs[:5]})")
+        return jobs[0]
+
+    # --- reporting ----------------------------------------------------------------
+    def incidents(self) -> list[dict[str, Any]]:
+        out = []
+        for inc in self._incidents.values():
+            d = inc.to_dict()
+            if self.export_dir is not None:
+                d["dir"] = str(self.export_dir / "incidents" / inc.incident_id)
+            out.append(d)
+        return out
+
+    def status(self) -> dict[str, Any]:
+        now = self.clock()
+        jobs: dict[str, Any] = {}
+        for (job, rank), rec in sorted(self.aligner.ranks.items()):
+            j = jobs.setdefault(job, {"ranks": {}, "newest_step": -1})
+            j["newest_step"] = max(j["newest_step"], rec.last_step)
+            j["ranks"][str(rank)] = {
+                "state": rec.state.value, "step": rec.last_step, "group": rec.group.label,
+                "heartbeat_step": rec.heartbeat_step, "host": rec.info.get("host"), "pid": rec.info.get("pid"),
+                "seen_s_ago": None if rec.last_seen is None else round(now - rec.last_seen, 3),
+            }
+        for j in jobs.values():
+            for r in j["ranks"].values():
+                r["lag"] = j["newest_step"] - r["step"]
+        return {
+            "jobs": jobs, "pending_steps": self.aligner.pending_steps(), "counters": dict(self.aligner.counters),
+            "verdicts": [v.to_dict() for v in list(self.verdicts)[-20:]],
+            "incidents": [{"incident_id": i.incident_id, "state": i.state.value, "job": i.job,
+                           "summary": i.verdict.summary()} for i in self._incidents.values()],
+        }

@@ -1,0 +1,73 @@
+"""Helpers the detectors share: picking the first flagged record and bounded evidence."""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from agent.records import STAT_COLUMNS, Kind
+from coordinator.logic.aligner import NO_EXEC, StepView
+from coordinator.logic.verdict import Verdict
+
+#: Evidence lists at most this many ranks' values, so a 1024-rank verdict stays small.
+MAX_EVIDENCE_RANKS = 64
+
+
+def kind_mask(kinds: np.ndarray, wanted: frozenset[int] | set[int]) -> np.ndarray:
+    return np.isin(kinds, np.fromiter(wanted, np.int16, len(wanted)))
+
+
+def first_flagged(view: StepView, flag: np.ndarray) -> tuple[int, int, list[int]] | None:
+    """(row, column, tied rows) of the earliest flagged record by execution index.
+
+    Rows whose earliest flagged record has the same execution index are ties; the
+    row with the lowest rank id is named first, so the answer is deterministic.
+    """
+    if not flag.any():
+        return None
+    ex = np.where(flag, view.exec, NO_EXEC)
+    row_min = ex.min(axis=1)
+    first = row_min.min()
+    rows = np.flatnonzero(row_min == first)
+    rows = rows[np.argsort(view.ranks[rows], kind="stable")]
+    row = int(rows[0])
+    col = int(np.argmin(ex[row]))
+    if first == NO_EXEC:  # flagged records without an execution index: first flagged column
+        col = int(np.flatnonzero(flag[row])[0])
+    return row, col, [int(r) for r in rows[1:]]
+
+
+def num(x: Any) -> Any:
+    """JSON-safe number (NaN/Inf become strings)."""
+    if isinstance(x, (np.integer,)):
+        return int(x)
+    x = float(x)
+    return x if math.isfinite(x) else str(x)
+
+
+def stats_dict(view: StepView, row: int, col: int) -> dict[str, Any]:
+    return {name: num(view.stats[row, col, i]) for i, name in enumerate(STAT_COLUMNS)}
+
+
+def group_values(view: StepView, col: int, values: np.ndarray, focus: list[int]) -> dict[str, Any]:
+    """The group's values of one column: per rank (bounded, focus rows always in) + summary."""
+    rows = np.flatnonzero(view.present[:, col])
+    keep = list(dict.fromkeys(list(focus) + [int(r) for r in rows]))[:MAX_EVIDENCE_RANKS]
+    vals = values[rows]
+    fin = vals[np.isfinite(vals)]
+    summary = {"n": int(rows.shape[0])}
+    if fin.shape[0]:
+        summary.update(median=num(np.median(fin)), min=num(fin.min()), max=num(fin.max()))
+    return {"by_rank": {str(int(view.ranks[r])): num(values[r]) for r in keep}, "summary": summary}
+
+
+def make_verdict(detector: str, view: StepView, row: int, col: int, ties: list[int],
+                 evidence: dict[str, Any]) -> Verdict:
+    kind = int(view.kind[col])
+    ex = int(view.exec[row, col])
+    return Verdict(
+        detector=detector, rank=int(view.ranks[row]), step=view.step, tensor=view.keys.names[col],
+        exec_index=None if ex == NO_EXEC else ex, kind=Kind(kind).name.lower() if kind >= 0 else None,
+        group=view.group, evidence=evidence, ties=sorted(int(view.ranks[t]) for t in ties), job=view.job,
+    )

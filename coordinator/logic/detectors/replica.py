@@ -1,0 +1,78 @@
+"""Replica consistency: what data parallelism keeps identical must match bit for bit.
+
+Parameters, optimizer state and reduced gradients (REPLICATED_KINDS; every kind in
+"replicas" mode, where ranks get identical input) are compared across the group by a
+64-bit signature of CRC-32 + the raw bits of Max/Min/Mean/Norm + element count. Per
+column the majority signature is the median of the sorted signatures (a value held by
+more than half the ranks always sits in the middle), so the check is one sort over
+ranks for all columns at once. Ranks off the majority are flagged; with no majority
+(e.g. two ranks that disagree) every rank in the column is named as a tie.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from agent.records import NO_CRC, REPLICATED_KINDS
+from coordinator.logic.aligner import StepView
+from coordinator.logic.detectors.common import MAX_EVIDENCE_RANKS, first_flagged, kind_mask, make_verdict, stats_dict
+from coordinator.logic.verdict import Verdict
+
+_REPL = frozenset(int(k) for k in REPLICATED_KINDS)
+_ABSENT = np.uint64(0xFFFFFFFFFFFFFFFF)
+_MIX = np.uint64(0x9E3779B97F4A7C15)
+
+
+def signatures(view: StepView, cols: np.ndarray) -> np.ndarray:
+    """(R, len(cols)) uint64: equal iff CRC, numel and every stat's bits are equal (w.h.p.)."""
+    bits = np.ascontiguousarray(view.stats[:, cols, :]).view(np.uint64)
+    h = view.crc[:, cols].astype(np.uint64) ^ (view.numel[:, cols].astype(np.uint64) << np.uint64(32))
+    with np.errstate(over="ignore"):
+        for i in range(4):
+            h = (h ^ bits[:, :, i]) * _MIX
+            h ^= h >> np.uint64(29)
+    h[h == _ABSENT] -= np.uint64(1)  # keep the absent marker unique
+    return h
+
+
+class ReplicaDetector:
+    name = "replica"
+
+    def judge(self, view: StepView, state: dict) -> list[Verdict]:
+        cols = np.flatnonzero(np.ones_like(view.kind, bool) if view.replicas_mode else kind_mask(view.kind, _REPL))
+        if cols.shape[0] == 0 or view.ranks.shape[0] < 2:
+            return []
+        pres = view.present[:, cols]
+        n = pres.sum(axis=0)
+        if not (n >= 2).any():
+            return []
+        sig = np.where(pres, signatures(view, cols), _ABSENT)
+        srt = np.sort(sig, axis=0)
+        ref = np.take_along_axis(srt, (n // 2)[None, :], axis=0)[0]
+        same = pres & (sig == ref[None, :])
+        dev = pres & ~same & (n >= 2)[None, :]
+        if not dev.any():
+            return []
+        flag = np.zeros_like(view.present)
+        flag[:, cols] = dev
+        row, col, ties = first_flagged(view, flag)  # type: ignore[misc]
+        j = int(np.flatnonzero(cols == col)[0])
+        count, total = int(same[:, j].sum()), int(n[j])
+        majority = 2 * count > total
+        deviants = [int(r) for r in np.flatnonzero(dev[:, j])]
+        if majority:
+            ties = sorted(set(ties) | set(deviants) - {row})
+        else:  # nobody can be told apart: name every rank of the column
+            ties = [int(r) for r in np.flatnonzero(pres[:, j]) if r != row]
+        ref_row = int(np.flatnonzero(same[:, j])[0])
+        crc = view.crc[:, col]
+        evidence = {
+            "rule": "replicated record differs from the group majority (CRC-32 + stats, bit for bit)"
+            if majority else "replicated record differs and no majority exists",
+            "majority": majority, "agreeing_ranks": count, "compared_ranks": total,
+            "crc32": None if crc[row] == NO_CRC else f"{int(crc[row]):08x}",
+            "majority_crc32": None if crc[ref_row] == NO_CRC else f"{int(crc[ref_row]):08x}",
+            "stats": stats_dict(view, row, col), "majority_stats": stats_dict(view, ref_row, col),
+            "deviating_ranks": sorted(int(view.ranks[r]) for r in deviants)[:MAX_EVIDENCE_RANKS],
+            "columns_differing": int(dev.any(axis=0).sum()),
+        }
+        return [make_verdict(self.name, view, row, col, ties, evidence)]

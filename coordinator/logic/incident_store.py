@@ -1,0 +1,98 @@
+"""Incidents on disk: ``incident.json`` (the contract) and ``state.json`` (for restarts).
+
+``EXPORT_DIR/incidents/<incident_id>/state.json`` is rewritten atomically at every
+transition, so a coordinator restarted with the same export dir picks up its
+incidents where they were (:meth:`IncidentStore.load_all`). ``incident.json`` is the
+user-facing summary DESIGN.md promises; it is written once the bundles are in.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any, Mapping
+
+from coordinator.logic.incident import Incident
+
+log = logging.getLogger(__name__)
+
+
+def incident_dir(export_dir: str | os.PathLike, incident_id: str) -> Path:
+    return Path(export_dir) / "incidents" / incident_id
+
+
+def _atomic_json(path: Path, obj: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump(obj, fh, indent=2, sort_keys=False, allow_nan=False, default=str)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def iso(epoch: float) -> str:
+    return _dt.datetime.fromtimestamp(epoch, _dt.timezone.utc).isoformat(timespec="milliseconds")
+
+
+def write_incident(export_dir: str | os.PathLike, incident: Incident,
+                   ranks: Mapping[int, Mapping[str, Any]] | None = None,
+                   bundles: Mapping[int, str] | None = None,
+                   rank_map: list[dict[str, Any]] | None = None) -> Path:
+    """Write ``incidents/<id>/incident.json``; ``ranks``/``bundles`` default to the incident's."""
+    v = incident.verdict
+    ranks = dict(incident.ranks if ranks is None else ranks)
+    bundles = dict(incident.bundles if bundles is None else bundles)
+    doc = {
+        "incident_id": incident.incident_id,
+        "detector": v.detector,
+        "first_diverging_rank": v.rank,
+        "ties": v.ties,
+        "step": v.step,
+        "tensor": v.tensor,
+        "kind": v.kind,
+        "exec_index": v.exec_index,
+        "group": v.group,
+        "job": incident.job,
+        "detected_at": iso(incident.detected_at),
+        "detected_at_epoch": incident.detected_at,
+        "evidence": v.evidence,
+        "summary": v.summary(),
+        "policy": incident.policy.value,
+        "state": incident.state.value,
+        "ranks": {str(r): dict(info) for r, info in sorted(ranks.items())},
+        "bundles": {str(r): str(p) for r, p in sorted(bundles.items())},
+        "missing_bundles": sorted(int(r) for r in ranks if r not in bundles),
+        "rank_map": list(rank_map or []),
+        "related_verdicts": incident.related,
+    }
+    path = incident_dir(export_dir, incident.incident_id) / "incident.json"
+    _atomic_json(path, doc)
+    return path
+
+
+class IncidentStore:
+    """Persists incident state under an export dir; without one it keeps nothing."""
+
+    def __init__(self, export_dir: str | os.PathLike | None) -> None:
+        self.export_dir = Path(export_dir) if export_dir is not None else None
+
+    def save(self, incident: Incident) -> None:
+        if self.export_dir is None:
+            return
+        _atomic_json(incident_dir(self.export_dir, incident.incident_id) / "state.json", incident.to_dict())
+
+    def load_all(self) -> list[Incident]:
+        if self.export_dir is None:
+            return []
+        out = []
+        for path in sorted((self.export_dir / "incidents").glob("*/state.json")):
+            try:
+                out.append(Incident.from_dict(json.loads(path.read_text(encoding="utf-8"))))
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                # One damaged file must not stop the coordinator from starting.
+                log.error("ignoring unreadable incident state %s: %s", path, exc)
+        out.sort(key=lambda i: i.detected_at)
+        return out

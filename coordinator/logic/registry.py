@@ -1,0 +1,34 @@
+"""Which step detectors run, in trust order, from the settings."""
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from coordinator.logic.aligner import StepView
+from coordinator.logic.settings import CoordinatorSettings
+from coordinator.logic.verdict import Verdict
+
+
+class StepDetector(Protocol):
+    name: str
+
+    def judge(self, view: StepView, state: dict[str, Any]) -> list[Verdict]: ...
+
+
+def build_step_detectors(settings: CoordinatorSettings) -> list[Any]:
+    # Imported here so each detector module stays importable (and testable) on its own.
+    from coordinator.logic.detectors.nan_origin import NanOriginDetector
+    from coordinator.logic.detectors.outlier import OutlierDetector
+    from coordinator.logic.detectors.replica import ReplicaDetector
+    from coordinator.logic.detectors.watchpoints import WatchpointDetector
+
+    d = settings.detectors
+    out: list[Any] = []
+    if d.nan_origin.enabled:
+        out.append(NanOriginDetector())
+    if d.replica.enabled:
+        out.append(ReplicaDetector())
+    if d.outlier.enabled:
+        out.append(OutlierDetector(d.outlier))
+    if settings.watchpoints:
+        out.append(WatchpointDetector(settings.watchpoints))
+    return out

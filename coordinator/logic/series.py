@@ -1,0 +1,76 @@
+"""Per-rank curves for the report: loss, gradient norm and deviation per judged step.
+
+Kept small and bounded (the last ``max_steps`` judged steps per group) because the
+coordinator otherwise drops judged steps; the report's heatmap and curves read this.
+"""
+from __future__ import annotations
+
+import collections
+from typing import Any
+
+import numpy as np
+
+from agent.records import Kind
+from coordinator.logic.aligner import StepView
+from coordinator.logic.detectors.outlier import _nanmedian
+
+
+def _jsonable(a: np.ndarray) -> list[float | None]:
+    return [float(x) if np.isfinite(x) else None for x in a]
+
+
+class SeriesRecorder:
+    def __init__(self, max_steps: int = 512) -> None:
+        self.max_steps = max_steps
+        self._groups: dict[str, collections.deque] = {}
+        self._ranks: dict[str, list[int]] = {}
+
+    def add(self, view: StepView) -> None:
+        stats, present = view.stats, view.present
+        loss_cols = np.flatnonzero(view.kind == Kind.LOSS)
+        loss = np.full(view.ranks.shape[0], np.nan)
+        if loss_cols.shape[0]:
+            c = loss_cols[0]
+            loss = np.where(present[:, c], stats[:, c, 2], np.nan)
+        g_cols = np.flatnonzero(view.kind == Kind.GRAD_LOCAL)
+        gnorm = np.full(view.ranks.shape[0], np.nan)
+        if g_cols.shape[0]:
+            n = np.where(present[:, g_cols], stats[:, g_cols, 3], 0.0)
+            with np.errstate(invalid="ignore", over="ignore"):
+                gnorm = np.where(present[:, g_cols].any(axis=1), np.sqrt(np.sum(n * n, axis=1)), np.nan)
+        # Deviation: the largest |log ratio| of a rank's loss/grad/activation norm to the
+        # group median over this step's comparable columns (0 = exactly typical).
+        cols = np.flatnonzero(np.isin(view.kind, (Kind.LOSS, Kind.GRAD_LOCAL, Kind.FORWARD)))
+        dev = np.zeros(view.ranks.shape[0])
+        if cols.shape[0] and view.ranks.shape[0] > 1:
+            v = np.abs(stats[:, cols, 3])
+            with np.errstate(divide="ignore", invalid="ignore"):
+                y = np.where(present[:, cols] & (v > 0) & np.isfinite(v), np.log(v), np.nan)
+                med = _nanmedian(y)
+                d = np.abs(y - med)
+            d = np.where(np.isfinite(d), d, 0.0)
+            dev = d.max(axis=1)
+            bad = (view.nan[:, cols] + view.inf[:, cols] > 0).any(axis=1)
+            dev[bad] = np.inf
+        q = self._groups.setdefault(view.group, collections.deque(maxlen=self.max_steps))
+        self._ranks[view.group] = [int(r) for r in view.ranks]
+        q.append((view.step, loss, gnorm, dev))
+
+    def to_dict(self, group: str | None = None) -> dict[str, Any]:
+        out = {}
+        for label, q in self._groups.items():
+            if group is not None and label != group:
+                continue
+            ranks = self._ranks[label]
+            width = len(ranks)
+
+            def pad(a: np.ndarray) -> np.ndarray:
+                return a if a.shape[0] == width else np.r_[a, np.full(width - a.shape[0], np.nan)]
+
+            out[label] = {
+                "ranks": ranks, "steps": [s for s, *_ in q],
+                "loss": [_jsonable(pad(x)) for _, x, _, _ in q],
+                "grad_norm": [_jsonable(pad(x)) for _, _, x, _ in q],
+                "deviation": [[float(v) if np.isfinite(v) else 1e9 for v in pad(x)] for *_, x in q],
+            }
+        return out

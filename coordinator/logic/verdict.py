@@ -1,0 +1,44 @@
+"""A detector's finding: one first rank, its step and tensor, and the evidence."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+#: Detector names in the order a user trusts them (DESIGN "How a divergence is found");
+#: verdicts of one judged step are returned in this order.
+TRUST_ORDER = ("nan_origin", "replica", "outlier", "progress", "watchpoint")
+
+
+@dataclass
+class Verdict:
+    """``rank`` is the first diverging rank (earliest by step, then execution order);
+    ``ties`` the other ranks that were equally first. ``group`` names the comparison
+    group (``"<job>/<index>"``). ``evidence`` holds the group's values beside the rank's
+    and the rule that fired; it is JSON-ready and bounded in size."""
+
+    detector: str
+    rank: int
+    step: int
+    tensor: str | None
+    exec_index: int | None
+    kind: str | None
+    group: str
+    evidence: dict[str, Any] = field(default_factory=dict)
+    ties: list[int] = field(default_factory=list)
+    job: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Verdict":
+        return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
+
+    def sort_key(self) -> tuple:
+        order = TRUST_ORDER.index(self.detector) if self.detector in TRUST_ORDER else len(TRUST_ORDER)
+        return (self.step, order, -1 if self.exec_index is None else self.exec_index, self.rank)
+
+    def summary(self) -> str:
+        where = f" tensor {self.tensor}" if self.tensor else ""
+        ties = f" (tied with ranks {self.ties})" if self.ties else ""
+        return f"{self.detector}: rank {self.rank} step {self.step}{where}{ties}"

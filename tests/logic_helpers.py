@@ -1,0 +1,35 @@
+"""Shared helpers for the coordinator-logic unit tests (no Ray, no sockets)."""
+from __future__ import annotations
+
+from agent.records import StepBatch
+from coordinator.logic.aligner import StepAligner, StepView
+from coordinator.logic.core import CoordinatorCore
+from coordinator.logic.settings import CoordinatorSettings
+from coordinator.logic.verdict import Verdict
+
+
+class FakeClock:
+    def __init__(self, t: float = 1000.0) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+    def advance(self, dt: float) -> None:
+        self.t += dt
+
+
+def view_of(batches: list[StepBatch], settings: CoordinatorSettings | None = None) -> StepView:
+    """Align one step's batches and return the judged view."""
+    aligner = StepAligner(settings or CoordinatorSettings())
+    for b in batches:
+        aligner.ingest(b, 0.0)
+    [(_, view)] = aligner.ready(0.0, force=True)
+    return view
+
+
+def feed_step(core: CoordinatorCore, clock: FakeClock, batches: list[StepBatch], dt: float = 0.1) -> list[Verdict]:
+    for b in batches:
+        core.on_step(b)
+    clock.advance(dt)
+    return core.tick()
