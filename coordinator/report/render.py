@@ -13,7 +13,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from coordinator.report.history import deviation, load_history
+from coordinator.report.history import NONFINITE_DEVIATION, load_history
 
 REPORT_FILE = "report.html"
 #: Heatmap cap: beyond this many cells the step window is narrowed around the
@@ -33,7 +33,7 @@ def render_report(incident_dir: Path | str, history: dict | None = None) -> Path
     history = _window(history, incident.get("step"))
     first_rank, step = incident.get("first_diverging_rank"), incident.get("step")
     data = {"first_rank": first_rank, "step": step, "history": history,
-            "deviation": deviation(history) if history else []}
+            "nonfinite": NONFINITE_DEVIATION}
     fields = {
         "incident_id": incident.get("incident_id", incident_dir.name),
         "first_rank": first_rank, "step": step, "tensor": incident.get("tensor"),
@@ -74,7 +74,7 @@ def _window(history: dict | None, step: Any) -> dict | None:
     lo = max(0, min(centre - keep // 2, len(steps) - keep))
     sl = slice(lo, lo + keep)
     out = dict(history, steps=steps[sl])
-    for key in ("loss", "grad_norm", "nonfinite"):
+    for key in ("loss", "grad_norm", "deviation"):
         out[key] = [row[sl] for row in history[key]]
     return out
 

@@ -1,0 +1,211 @@
+"""``rankscope bench ingest``: records/s into a real coordinator actor, and detection latency.
+
+Simulated ranks run in separate processes (``--nodes`` of them, each playing one
+node agent with its share of the ranks, as in a real cluster) and send real wire
+frames over real ZeroMQ sockets into a real coordinator Ray actor.
+
+Two phases, so each figure means one thing:
+
+1. throughput: ``steps - 1`` clean steps sent as fast as the sockets take them;
+   ``records_per_s`` = records / (coordinator's last ingest - first send).
+   Frames are encoded before the clock starts: the sender's cost is not the
+   coordinator's.
+2. detection: once phase 1 is ingested, one more step in which ``--fault-rank``
+   has a NaN in a local gradient; ``detect_latency_ms`` = incident recorded (wall
+   clock in the actor) - last frame of that step sent.
+
+The last line printed is JSON.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import sys
+import tempfile
+import time
+import uuid
+from typing import Any
+
+import numpy as np
+
+from agent import protocol
+from agent.records import Kind, StepBatch
+
+#: Kinds of the simulated tensors, in execution order after the loss.
+_CYCLE = (Kind.FORWARD, Kind.PARAM, Kind.GRAD_LOCAL, Kind.GRAD_REDUCED, Kind.OPT_STATE)
+
+
+def simulated_batch(job: str, rank: int, step: int, tensors: int, rng: np.random.Generator,
+                    fault: bool = False) -> StepBatch:
+    """One rank's step: replicated kinds identical on every rank (same crc/stats),
+    local kinds with a few percent per-rank noise, like a healthy DP job."""
+    n = tensors
+    kinds = np.array([Kind.LOSS] + [_CYCLE[i % len(_CYCLE)] for i in range(n - 1)], np.uint8)[:n]
+    base = 1.0 + np.arange(n, dtype=np.float64) / n  # per-tensor magnitude, same on all ranks
+    scale = base * (1.0 + 0.001 * step)
+    local = np.isin(kinds, [Kind.FORWARD, Kind.GRAD_LOCAL, Kind.LOSS])
+    noise = np.where(local, 1.0 + 0.02 * rng.standard_normal(n), 1.0)
+    norm = scale * noise
+    stats = np.stack([norm / 8, -norm / 8, norm / 100, norm], axis=1)
+    crc = np.where(local, -1, (np.arange(n) * 2654435761 + step) % (1 << 31)).astype(np.int64)
+    nan = np.zeros(n, np.int64)
+    if fault:
+        j = int(np.flatnonzero(kinds == Kind.GRAD_LOCAL)[0])
+        nan[j] = 7
+        stats[j] = np.nan
+    return StepBatch(job=job, rank=rank, step=step, name_ids=np.arange(n, dtype=np.uint32), kinds=kinds,
+                     exec_index=np.arange(n, dtype=np.uint32), stats=stats, nan_count=nan,
+                     inf_count=np.zeros(n, np.int64), numel=np.full(n, 4096, np.int64), crc32=crc,
+                     new_names={i: f"Cell.layer{i}.{Kind(int(k)).name.lower()}.0" for i, k in enumerate(kinds)}
+                     if step == 0 else {}, wall_time=0.0)
+
+
+def _sender(node: int, ranks: list[int], args: dict, endpoint: str, ready: Any, go1: Any, go2: Any,
+            results: Any) -> None:
+    import zmq
+    from agent.transport import connect_dealer
+
+    job, tensors, steps = args["job"], args["tensors"], args["steps"]
+    rng = np.random.default_rng(node)
+    seqs = {r: protocol.SeqCounter() for r in ranks}
+
+    def frame(msg: protocol.Message) -> bytes:
+        return protocol.encode(msg)
+
+    register = [frame(protocol.Message(protocol.REGISTER, job, f"rank:{r}", seqs[r](), {
+        "host": f"simnode{node}", "pid": 100000 + r, "claimed_rank": r, "world_size": args["ranks"]}))
+        for r in ranks]
+    phase1 = [frame(protocol.step_message(simulated_batch(job, r, s, tensors, rng), f"rank:{r}", seqs[r]()))
+              for s in range(steps - 1) for r in ranks]
+    last = steps - 1
+    phase2 = [frame(protocol.step_message(simulated_batch(job, r, last, tensors, rng, fault=(r == args["fault_rank"])),
+                                          f"rank:{r}", seqs[r]())) for r in ranks]
+    ctx = zmq.Context()
+    sock = connect_dealer(ctx, endpoint, f"agent:simnode{node}:{os.getpid()}".encode())
+    sock.setsockopt(zmq.SNDHWM, 0)  # phase 1 is a burst: let it queue, the clock is on the receiver
+    for f in register:
+        sock.send(f)
+    ready.set()
+    go1.wait()
+    t0 = time.time()
+    for f in phase1:
+        sock.send(f)
+    t1 = time.time()
+    go2.wait()
+    for f in phase2:
+        sock.send(f)
+    t2 = time.time()
+    results.put({"node": node, "phase1_start": t0, "phase1_sent": t1, "phase2_sent": t2})
+    # Control from the coordinator (pause/export) is read and ignored: simulated ranks
+    # have no gate and no bundle; the incident is written at export timeout.
+    time.sleep(0.2)
+    sock.close(linger=0)
+    ctx.term()
+
+
+def run_ingest(ranks: int, tensors: int, steps: int, *, nodes: int | None = None, fault_rank: int | None = None,
+               export_dir: str | None = None, timeout_s: float = 300.0, log=print) -> dict:
+    import ray
+
+    from coordinator.actor import start_coordinator
+
+    if steps < 2 or ranks < 1 or tensors < 3:
+        raise ValueError(f"need steps >= 2, ranks >= 1, tensors >= 3 (got {steps}, {ranks}, {tensors})")
+    nodes = nodes or max(1, min(4, ranks))
+    fault_rank = ranks // 3 if fault_rank is None else fault_rank
+    job = f"bench-{uuid.uuid4().hex[:8]}"
+    export_dir = export_dir or tempfile.mkdtemp(prefix="rankscope-bench-")
+    started_ray = not ray.is_initialized()
+    if started_ray:
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, namespace="rankscope-bench")
+    cluster = {"on_divergence": "continue", "export_timeout_s": 1.0, "deadline_s": 60.0}
+    coord = start_coordinator(export_dir, cluster, name=job, namespace="rankscope-bench", job=job)
+    try:
+        endpoint = ray.get(coord.endpoint.remote())
+        spawn = mp.get_context("spawn")
+        ready = [spawn.Event() for _ in range(nodes)]
+        go1, go2, results = spawn.Event(), spawn.Event(), spawn.Queue()
+        share = [list(range(ranks))[i::nodes] for i in range(nodes)]
+        args = {"job": job, "tensors": tensors, "steps": steps, "ranks": ranks, "fault_rank": fault_rank}
+        procs = [spawn.Process(target=_sender, args=(i, share[i], args, endpoint, ready[i], go1, go2, results),
+                               daemon=True) for i in range(nodes)]
+        for p in procs:
+            p.start()
+        for ev in ready:
+            if not ev.wait(timeout_s):
+                raise TimeoutError("simulated nodes did not get ready (encoding frames)")
+        records1 = ranks * tensors * (steps - 1)
+        log(f"bench ingest: {ranks} ranks x {tensors} tensors x {steps} steps via {nodes} simulated nodes -> {endpoint}")
+        go1.set()
+        st = _wait(coord, lambda s: s["metrics"]["records_ingested"] >= records1, timeout_s)
+        judged_wait = _wait(coord, lambda s: (s.get("last_judged_step") or -1) >= steps - 2, 30.0,
+                            must=False)
+        phase1_first = None
+        go2.set()
+        _wait(coord, lambda s: bool(s["incidents"]), timeout_s)
+        sent = [results.get(timeout=timeout_s) for _ in procs]
+        for p in procs:
+            p.join(10)
+        phase1_first = min(r["phase1_start"] for r in sent)
+        phase2_sent = max(r["phase2_sent"] for r in sent)
+        incs = ray.get(coord.incidents.remote())
+        inc = min(incs, key=lambda i: i["detected_wall"])
+        elapsed = st["last_step_wall"] - phase1_first
+        final = ray.get(coord.status.remote())
+        out = {
+            "ranks": ranks, "tensors": tensors, "steps": steps, "nodes": nodes,
+            "records": ranks * tensors * steps,
+            "records_per_s": round(records1 / elapsed, 1),
+            "frames_per_s": round(ranks * (steps - 1) / elapsed, 1),
+            "detect_latency_ms": round((inc["detected_wall"] - phase2_sent) * 1000.0, 1),
+            "detector": inc["detector"], "flagged_rank": inc["first_diverging_rank"], "flagged_step": inc["step"],
+            "correct": inc["first_diverging_rank"] == fault_rank and inc["step"] == steps - 1,
+            "fault_rank": fault_rank, "rejected": final.get("rejected"), "duplicates": final.get("duplicates"),
+            "judged_before_fault": judged_wait is not None, "export_dir": export_dir,
+        }
+        return out
+    finally:
+        try:
+            ray.get(coord.shutdown.remote(), timeout=30)
+            ray.kill(coord)
+        except Exception:
+            pass
+        if started_ray:
+            ray.shutdown()
+
+
+def _wait(coord: Any, cond, timeout_s: float, must: bool = True) -> dict | None:
+    import ray
+    deadline = time.monotonic() + timeout_s
+    while True:
+        st = ray.get(coord.status.remote())
+        if cond(st):
+            return st
+        if time.monotonic() > deadline:
+            if must:
+                raise TimeoutError(f"bench: coordinator did not get there within {timeout_s}s: "
+                                   f"{ {k: st.get(k) for k in ('metrics', 'last_judged_step', 'rejected')} }")
+            return None
+        time.sleep(0.01)
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="rankscope bench", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="what", required=True)
+    ing = sub.add_parser("ingest", help="records/s into a coordinator actor and detection latency")
+    ing.add_argument("--ranks", type=int, default=256)
+    ing.add_argument("--tensors", type=int, default=128)
+    ing.add_argument("--steps", type=int, default=20)
+    ing.add_argument("--nodes", type=int, default=None, help="simulated node agents (processes); default min(4, ranks)")
+    ing.add_argument("--fault-rank", type=int, default=None)
+    ing.add_argument("--export-dir", default=None)
+    args = ap.parse_args(argv)
+    if args.fault_rank is not None and not 0 <= args.fault_rank < args.ranks:
+        ap.error(f"--fault-rank {args.fault_rank} is not in [0, {args.ranks})")
+    out = run_ingest(args.ranks, args.tensors, args.steps, nodes=args.nodes, fault_rank=args.fault_rank,
+                     export_dir=args.export_dir, log=lambda m: print(m, file=sys.stderr, flush=True))
+    print(json.dumps(out), flush=True)
+    return 0 if out["correct"] else 1

@@ -1,0 +1,123 @@
+"""``rankscope coordinator``: start (or join) the coordinator actor on a Ray cluster.
+
+Joins the Ray cluster at ``--address`` (default: a running local one, else a new
+local Ray), starts the named actor (or finds it already running) and prints the
+endpoint node agents connect to (``rankscope agent --coordinator ENDPOINT``).
+``--detached`` leaves the actor running after this command exits; otherwise it
+serves until Ctrl-C / SIGTERM. Incident state lives under ``--export-dir``
+(``incidents/<id>/state.json``), so a coordinator restarted on the same directory
+picks its incidents up where they were.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import threading
+from pathlib import Path
+
+from coordinator.actor import DEFAULT_NAME, DEFAULT_NAMESPACE
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="rankscope coordinator", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--address", default=None,
+                    help="Ray cluster address (default: join a running local cluster, else start one)")
+    ap.add_argument("--export-dir", type=Path, default=Path("rankscope-out"),
+                    help="where incidents/ and dumps/ are written (default: ./rankscope-out)")
+    ap.add_argument("--config", type=Path, default=None, help="config.json whose \"cluster\" section applies")
+    ap.add_argument("--on-divergence", choices=("pause", "export", "terminate", "continue"), default=None)
+    ap.add_argument("--bind", default="tcp://127.0.0.1:0",
+                    help="ZeroMQ endpoint for node agents (non-loopback needs --curve-secret and --allow-dir)")
+    ap.add_argument("--curve-secret", type=Path, default=None, help="the coordinator's CURVE .key_secret file")
+    ap.add_argument("--allow-dir", type=Path, default=None, help="directory of admitted agents' public .key files")
+    ap.add_argument("--job", default=None, help="accept only this job id (default: any)")
+    ap.add_argument("--name", default=DEFAULT_NAME, help="Ray actor name")
+    ap.add_argument("--namespace", default=DEFAULT_NAMESPACE, help="Ray namespace")
+    ap.add_argument("--detached", action="store_true", help="keep the actor running after this command exits")
+    ap.add_argument("--endpoint-file", type=Path, default=None, help="also write the endpoint into this file")
+    return ap
+
+
+def cluster_section(config: Path | None, on_divergence: str | None) -> dict:
+    cluster: dict = {}
+    if config is not None:
+        try:
+            doc = json.loads(config.read_text())
+        except (OSError, ValueError) as exc:
+            raise SystemExit(f"rankscope coordinator: --config {config}: {exc}") from None
+        cluster = dict(doc.get("cluster") or {}) if isinstance(doc, dict) else {}
+    if on_divergence is not None:
+        cluster["on_divergence"] = on_divergence
+    from coordinator.logic.settings import SettingsError, parse_settings
+    try:
+        parse_settings(cluster)  # fail here, with the field named, not inside the actor
+    except SettingsError as exc:
+        raise SystemExit(f"rankscope coordinator: {exc}") from None
+    return cluster
+
+
+def curve_keys(secret: Path | None, allow_dir: Path | None) -> dict | None:
+    if secret is None and allow_dir is None:
+        return None
+    if secret is None or allow_dir is None:
+        raise SystemExit("rankscope coordinator: --curve-secret and --allow-dir go together")
+    from agent.transport import CurveKeys
+    keys = CurveKeys.from_files(secret, allow_dir=allow_dir)
+    return {"public": keys.public, "secret": keys.secret, "allow_dir": str(allow_dir.resolve())}
+
+
+def connect_ray(address: str | None, namespace: str) -> None:
+    import ray
+    if ray.is_initialized():
+        return
+    if address is None:
+        try:
+            ray.init(address="auto", namespace=namespace, log_to_driver=False)
+            return
+        except (ConnectionError, RuntimeError):
+            pass  # no running cluster: start a local one
+    ray.init(address=address, namespace=namespace, include_dashboard=False, log_to_driver=False)
+
+
+def main(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
+    cluster = cluster_section(args.config, args.on_divergence)
+    curve = curve_keys(args.curve_secret, args.allow_dir)
+    import ray
+
+    from coordinator.actor import start_coordinator
+    connect_ray(args.address, args.namespace)
+    export_dir = args.export_dir.resolve()
+    handle = start_coordinator(str(export_dir), cluster, name=args.name, namespace=args.namespace,
+                               bind=args.bind, detached=args.detached, job=args.job, curve=curve)
+    endpoint = ray.get(handle.endpoint.remote())
+    if args.endpoint_file is not None:
+        args.endpoint_file.write_text(endpoint + "\n")
+    restored = ray.get(handle.incidents.remote())
+    print(f"rankscope coordinator {args.namespace}/{args.name} listening on {endpoint}", flush=True)
+    print(f"  export dir: {export_dir}; incidents on disk: {len(restored)}", flush=True)
+    print(f"  node agents: rankscope agent --coordinator {endpoint} ...", flush=True)
+    if args.detached:
+        print("  detached: stop it with `ray.kill(ray.get_actor(...))` or by stopping the Ray cluster",
+              flush=True)
+        return 0
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        while not stop.wait(2.0):
+            try:
+                ray.get(handle.ping.remote(), timeout=30)
+            except Exception as exc:
+                print(f"rankscope coordinator: actor unreachable: {exc}", file=sys.stderr)
+                return 1
+    finally:
+        try:
+            ray.get(handle.shutdown.remote(), timeout=30)
+            ray.kill(handle)
+        except Exception:
+            pass
+    return 0
