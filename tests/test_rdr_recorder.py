@@ -31,13 +31,22 @@ RANK = textwrap.dedent("""
     if action == "chain":
         sys.excepthook = lambda *a: (print("USER_HOOK_RAN", flush=True), sys.__excepthook__(*a))
         signal.signal(signal.SIGTERM, lambda s, f: (print("USER_SIGTERM_RAN", flush=True), sys.exit(7)))
+    calls = []
+    def context():
+        calls.append(1)
+        if action == "slow_raise" and len(calls) == 1:  # hold the first bundle open until SIGTERM lands
+            print("DUMPING", flush=True)
+            time.sleep(30)
+        return {"last_step": fr.last_step()}
     rec = install_rdr(None, rank=os.environ.get("RANK_ID"), flight_recorder=fr,
-                      config={"task": "statistics"}, seeds={"seed": 42},
-                      context=lambda: {"last_step": fr.last_step()})
+                      config={"task": "statistics"}, seeds={"seed": 42}, context=context)
     def train_step_that_hangs():
         print("READY", flush=True)
         time.sleep(60)
-    if action == "raise":
+    if action == "twice":  # e.g. autoattach, then the user's own PrecisionDebugger
+        assert install_rdr(None, rank=os.environ.get("RANK_ID")) is rec
+        action = "raise"
+    if action in ("raise", "slow_raise"):
         raise ValueError("loss exploded at step 4")
     if action == "thread":
         t = threading.Thread(target=lambda: 1 / 0, name="data-loader")
@@ -53,13 +62,13 @@ RANK = textwrap.dedent("""
 """)
 
 
-def run_rank(tmp_path, action, mode=1, signal_after_ready=None, rank="1"):
+def run_rank(tmp_path, action, mode=1, signal_after_ready=None, rank="1", ready="READY"):
     env = dict(os.environ, MS_RDR_ENABLE="1", MS_RDR_MODE=str(mode), MS_RDR_PATH=str(tmp_path / "rdr"),
                RANK_ID=rank, PYTHONPATH=str(REPO), RANKSCOPE_TEST_SECRET_TOKEN="do-not-leak-me")
     proc = subprocess.Popen([sys.executable, "-c", RANK, action], env=env, cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     if signal_after_ready is not None:
-        assert proc.stdout.readline().strip() == "READY"
+        assert proc.stdout.readline().strip() == ready
         proc.send_signal(signal_after_ready)
     out, err = proc.communicate(timeout=60)
     return proc.returncode, out, err
@@ -89,6 +98,21 @@ def test_uncaught_exception_writes_bundle(tmp_path):
     check_bundle(d, "ValueError")
     assert "ValueError: loss exploded at step 4" in (d / "exception.txt").read_text()
     assert not (d / FATAL_STACKS).exists()
+
+
+def test_second_install_reuses_the_recorder_one_bundle(tmp_path):
+    code, out, err = run_rank(tmp_path, "twice")
+    assert code == 1 and err.count("bundle written to") == 1
+    [d] = bundles(tmp_path)
+    check_bundle(d, "ValueError")
+
+
+def test_signal_during_a_bundle_write_gets_its_own_directory(tmp_path):
+    code, out, err = run_rank(tmp_path, "slow_raise", signal_after_ready=signal.SIGTERM, ready="DUMPING")
+    assert code == -signal.SIGTERM
+    written = [d for d in bundles(tmp_path) if (d / MANIFEST).exists()]
+    assert [d.name for d in written] == ["rdr.1"]  # never written into the half-done rdr/
+    assert "SIGTERM" in json.loads((written[0] / MANIFEST).read_text())["reason"]
 
 
 def test_thread_exception_writes_bundle_and_process_continues(tmp_path):

@@ -57,6 +57,7 @@ class RdrRecorder:
         self._prev_thread_hook = None
         self._prev_signals: dict[int, Any] = {}
         self._root_existed = True
+        self._dumping = False
 
     # --- install / uninstall -----------------------------------------------------------
     def install(self) -> "RdrRecorder":
@@ -135,8 +136,10 @@ class RdrRecorder:
         if os.getpid() != self._pid:
             return None  # a forked child inherited our hooks; its bundle is not ours to write
         with self._lock:
+            nested = self._dumping  # e.g. SIGTERM landing while a thread-crash bundle is written
+            self._dumping = True
             try:
-                directory = self._reserved
+                directory = None if nested else self._reserved
                 if directory is not None and self._fatal_file is not None:
                     self._fatal_file.flush()
                 extra = dict(self.context()) if self.context is not None else None
@@ -148,7 +151,9 @@ class RdrRecorder:
                 print(f"rankscope RDR: could not write the bundle ({reason}): {exc}", file=sys.stderr)
                 return None
             finally:
-                self._disarm(release=False)
+                self._dumping = nested
+                if not nested:
+                    self._disarm(release=False)
             self.bundles.append(path)
             print(f"rankscope RDR: bundle written to {path} ({reason})", file=sys.stderr)
             if rearm and self._installed:
@@ -203,9 +208,28 @@ def _rmdir_quiet(d: Path) -> None:
         pass
 
 
+_active: RdrRecorder | None = None
+
+
 def install_rdr(section: Mapping[str, Any] | None, rank: int | str | None = None, **kwargs: Any) -> RdrRecorder | None:
-    """Resolve settings (config over env) and install; None when RDR is off."""
+    """Resolve settings (config over env) and install; None when RDR is off.
+
+    One recorder per process: a second call (the user's PrecisionDebugger after
+    autoattach, say) returns the first, filling in what it lacked, so a crash writes
+    one bundle, not two.
+    """
     from agent.rdr.settings import resolve_rdr
 
+    global _active
     settings = resolve_rdr(section)
-    return RdrRecorder(settings, rank, **kwargs).install() if settings.enable else None
+    if not settings.enable:
+        return None
+    if _active is not None and _active._installed and _active._pid == os.getpid():
+        for key in ("flight_recorder", "config", "seeds", "context"):
+            if getattr(_active, key) is None and kwargs.get(key) is not None:
+                setattr(_active, key, kwargs[key])
+        if rank is not None:
+            _active.set_rank(rank)
+        return _active
+    _active = RdrRecorder(settings, rank, **kwargs).install()
+    return _active

@@ -127,6 +127,9 @@ class BundleAssembler:
         self.problems: list[TransferProblem] = []
         self.completed: dict[tuple[int, str], list[Path]] = {}
         self._done: set[tuple[int, str, str]] = set()
+        # Running sha256 per file while chunks arrive in order, so a multi-GB dump is not
+        # read back at the end; any out-of-order chunk drops it and _finish re-reads.
+        self._hashing: dict[tuple[int, str, str], tuple["hashlib._Hash", int]] = {}
         self.duplicates = 0
 
     def _problem(self, body: Mapping, reason: str) -> None:
@@ -176,23 +179,33 @@ class BundleAssembler:
             finally:
                 os.close(fd)
         except OSError as exc:
+            self._hashing.pop(key, None)
             return self._problem(body, f"write failed: {exc.strerror or exc}")
+        h, upto = self._hashing.get(key) or (hashlib.sha256(), 0)
+        if upto == offset:
+            h.update(data)
+            self._hashing[key] = (h, offset + len(data))
+        else:
+            self._hashing.pop(key, None)
         return self._finish(body, key, dest, part) if final else None
 
     def _finish(self, body: Mapping, key: tuple[int, str, str], dest: Path, part: Path) -> Path | None:
         size = body["size"]
         if body.get("incomplete"):
+            self._hashing.pop(key, None)
             kept = _free_name(dest.with_name(dest.name + ".incomplete"))
             os.replace(part, kept)
             self._done.add(key)
             return self._problem(body, f"sender could not read the whole file; partial data kept as {kept.name}")
         have = part.stat().st_size
         if have != size:
+            self._hashing.pop(key, None)
             return self._problem(body, f"size mismatch: have {have} of {size} bytes; resend from {min(have, size)}")
         want = body.get("sha256")
+        running = self._hashing.pop(key, None)
         if not isinstance(want, str):
             return self._problem(body, "final chunk carries no sha256")
-        got = _sha256_file(part)
+        got = running[0].hexdigest() if running is not None and running[1] == size else _sha256_file(part)
         if got != want:
             part.unlink()  # the bad bytes could be anywhere: start the file over
             return self._problem(body, f"sha256 mismatch (corrupt chunk): got {got[:16]}..., want {want[:16]}...; "
