@@ -54,6 +54,19 @@ class RankRecord:
     last_step: int = -1  # newest step this rank reported
     last_seen: float | None = None
     heartbeat_step: int | None = None
+    layout: "Layout | None" = None
+
+
+@dataclass
+class Layout:
+    """Where one rank's batch lands in a slot, cached while its name ids repeat."""
+
+    raw: bytes
+    cols: Any  # slice or int64 array of columns
+    rows: np.ndarray | None  # batch rows kept (None = all)
+    width: int  # columns the slot needs
+    count: int
+    unknown: int
 
 
 class StepSlot:
@@ -114,6 +127,7 @@ class StepView:
     prev: "StepView | None" = None
     missing: list[int] = field(default_factory=list)  # live ranks absent at judging
     by_deadline: bool = False
+    cache: dict[str, Any] = field(default_factory=dict)  # values one detector computed for others
 
 
 class Group:
@@ -142,6 +156,7 @@ class StepAligner:
         self.keys: dict[str, KeyTable] = {}
         self.groups: dict[tuple[str, int], Group] = {}
         self.ranks: dict[tuple[str, int], RankRecord] = {}
+        self._world: dict[str, int] = {}
         self.counters = {"records": 0, "batches": 0, "late_records": 0, "unknown_name_records": 0,
                          "steps_judged": 0, "steps_by_deadline": 0, "steps_forced": 0}
 
@@ -178,19 +193,22 @@ class StepAligner:
         ws = info.get("world_size")
         # In "dp"/"replicas" mode the group is the whole job: expect every rank of the
         # world size, so step 0 is not judged before the slow starters registered.
-        if isinstance(ws, int) and not isinstance(self.settings.groups, tuple):
+        if isinstance(ws, int) and not isinstance(self.settings.groups, tuple) \
+                and ws > self._world.get(job, 0):
+            self._world[job] = ws
             for r in range(min(ws, 1 << 16)):
                 self.rank(job, r)
         return rec
 
     # --- ingestion ----------------------------------------------------------------
     def ingest(self, b: StepBatch, now: float) -> None:
-        rec = self.rank(b.job, b.rank)
+        rec = self.ranks.get((b.job, b.rank)) or self.rank(b.job, b.rank)
         table = self.keys.get(b.job)
         if table is None:
             table = self.keys[b.job] = KeyTable()
         if b.new_names:
             rec.names.learn(table, b.new_names)
+            rec.layout = None
         n = len(b)
         self.counters["batches"] += 1
         rec.last_seen = now
@@ -211,29 +229,49 @@ class StepAligner:
         slot.reported[p] = True
         if not n:
             return
+        # A rank records the same names in the same order step after step: remember the
+        # column layout of its last batch and reuse it while the ids are byte-identical.
+        raw = b.name_ids.tobytes()
+        layout = rec.layout
+        if layout is None or layout.raw != raw:
+            layout = rec.layout = self._layout(rec, table, b, raw)
+        if layout.width > slot.shape[1]:
+            slot.grow(len(grp.members), len(table))
+        cols, rows = layout.cols, layout.rows
+        sel = (lambda a: a) if rows is None else (lambda a: a[rows])
+        slot.present[p, cols] = True
+        slot.exec[p, cols] = sel(b.exec_index)
+        slot.stats[p, cols] = sel(b.stats)
+        slot.nan[p, cols] = sel(b.nan_count)
+        slot.inf[p, cols] = sel(b.inf_count)
+        slot.numel[p, cols] = sel(b.numel)
+        slot.crc[p, cols] = sel(b.crc32)
+        self.counters["records"] += layout.count
+        if layout.unknown:
+            self.counters["unknown_name_records"] += layout.unknown
+
+    def _layout(self, rec: RankRecord, table: KeyTable, b: StepBatch, raw: bytes) -> "Layout":
         ids = b.name_ids
         keys = rec.names.map(ids)
         rows = None
+        unknown = 0
         if (keys == UNKNOWN).any():  # names lost (e.g. our restart before the resend)
             rows = np.flatnonzero(keys != UNKNOWN)
-            self.counters["unknown_name_records"] += n - rows.shape[0]
+            unknown = ids.shape[0] - rows.shape[0]
             keys, ids = keys[rows], ids[rows]
         if keys.shape[0] > 1:
             srt = np.sort(keys)
             if (srt[1:] == srt[:-1]).any():
                 keys = rec.names.with_calls(table, ids, keys)
-        if len(table) > slot.shape[1]:
-            slot.grow(len(grp.members), len(table))
-        sel = (lambda a: a) if rows is None else (lambda a: a[rows])
-        table.learn_kinds(keys, sel(b.kinds))
-        slot.present[p, keys] = True
-        slot.exec[p, keys] = sel(b.exec_index)
-        slot.stats[p, keys] = sel(b.stats)
-        slot.nan[p, keys] = sel(b.nan_count)
-        slot.inf[p, keys] = sel(b.inf_count)
-        slot.numel[p, keys] = sel(b.numel)
-        slot.crc[p, keys] = sel(b.crc32)
-        self.counters["records"] += keys.shape[0]
+        table.learn_kinds(keys, b.kinds if rows is None else b.kinds[rows])
+        width = int(keys.max()) + 1 if keys.shape[0] else 0
+        cols: Any = keys
+        # Contiguous ascending columns (the usual case) are written as a slice: a memcpy
+        # per column array instead of a scatter.
+        if rows is None and keys.shape[0] and keys[-1] - keys[0] + 1 == keys.shape[0] \
+                and (keys.shape[0] == 1 or bool((np.diff(keys) == 1).all())):
+            cols = slice(int(keys[0]), int(keys[-1]) + 1)
+        return Layout(raw, cols, rows, width, int(keys.shape[0]), unknown)
 
     # --- release for judging ------------------------------------------------------
     def ready(self, now: float, force: bool = False) -> list[tuple[Group, StepView]]:

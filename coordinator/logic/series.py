@@ -12,7 +12,8 @@ import numpy as np
 
 from agent.records import Kind
 from coordinator.logic.aligner import StepView
-from coordinator.logic.detectors.outlier import _nanmedian
+from coordinator.logic.detectors.common import nanmedian0
+from coordinator.logic.detectors.outlier import log_values
 
 
 def _jsonable(a: np.ndarray) -> list[float | None]:
@@ -40,14 +41,17 @@ class SeriesRecorder:
                 gnorm = np.where(present[:, g_cols].any(axis=1), np.sqrt(np.sum(n * n, axis=1)), np.nan)
         # Deviation: the largest |log ratio| of a rank's loss/grad/activation norm to the
         # group median over this step's comparable columns (0 = exactly typical).
-        cols = np.flatnonzero(np.isin(view.kind, (Kind.LOSS, Kind.GRAD_LOCAL, Kind.FORWARD)))
+        cached = view.cache.get("log_norms")
+        if cached is None:
+            cols = np.flatnonzero(np.isin(view.kind, (Kind.LOSS, Kind.GRAD_LOCAL, Kind.FORWARD)))
+            y = log_values(view, cols)
+            med = nanmedian0(y) if cols.shape[0] else np.zeros(0)
+        else:
+            cols, y, med = cached
         dev = np.zeros(view.ranks.shape[0])
         if cols.shape[0] and view.ranks.shape[0] > 1:
-            v = np.abs(stats[:, cols, 3])
-            with np.errstate(divide="ignore", invalid="ignore"):
-                y = np.where(present[:, cols] & (v > 0) & np.isfinite(v), np.log(v), np.nan)
-                med = _nanmedian(y)
-                d = np.abs(y - med)
+            with np.errstate(invalid="ignore"):
+                d = np.abs(y - med[None, :])
             d = np.where(np.isfinite(d), d, 0.0)
             dev = d.max(axis=1)
             bad = (view.nan[:, cols] + view.inf[:, cols] > 0).any(axis=1)

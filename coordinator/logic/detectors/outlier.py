@@ -14,25 +14,18 @@ NaN detector; zeros (e.g. an unused embedding row) have no log and are skipped.
 from __future__ import annotations
 
 import math
-import warnings
 
 import numpy as np
 
 from agent.records import Kind
 from coordinator.logic.aligner import StepView
-from coordinator.logic.detectors.common import first_flagged, group_values, kind_mask, make_verdict, num
+from coordinator.logic.detectors.common import first_flagged, group_values, kind_mask, make_verdict, nanmedian0, num
 from coordinator.logic.settings import OutlierSettings
 from coordinator.logic.verdict import Verdict
 
 _KINDS = frozenset({int(Kind.LOSS), int(Kind.GRAD_LOCAL), int(Kind.FORWARD)})
 _SIGMA = 1.4826  # MAD -> standard deviation for normal data
 _MEAN_ABS_TO_SIGMA = 1.2533  # mean absolute deviation -> standard deviation
-
-
-def _nanmedian(a: np.ndarray) -> np.ndarray:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN columns give NaN, as wanted
-        return np.nanmedian(a, axis=0)
 
 
 def log_values(view: StepView, cols: np.ndarray) -> np.ndarray:
@@ -55,9 +48,9 @@ class OutlierDetector:
 
     def _peer(self, y: np.ndarray, z: float, log_floor: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         n = np.isfinite(y).sum(axis=0)
-        med = _nanmedian(y)
+        med = nanmedian0(y)
         ad = np.abs(y - med[None, :])
-        mad = _nanmedian(ad)
+        mad = nanmedian0(ad)
         with np.errstate(invalid="ignore"):
             flag = (ad > z * _SIGMA * mad[None, :]) & (ad > log_floor) & (n >= self.s.min_ranks)[None, :]
         return flag, med, mad
@@ -68,6 +61,7 @@ class OutlierDetector:
             return []
         y = log_values(view, cols)
         flag_peer, med, mad = self._peer(y, self.s.z, self.log_ratio)
+        view.cache["log_norms"] = (cols, y, med)  # reused by the report series
         flag_hist, level = self._history(y, cols, state, view.ranks.shape[0])
         flag = flag_peer | flag_hist
         if not flag.any():
