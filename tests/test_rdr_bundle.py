@@ -1,7 +1,6 @@
 """write_bundle: layout, sha256 manifest, secrets filtered, nothing overwritten, full disk."""
 import json
 import math
-import os
 import subprocess
 import sys
 import textwrap

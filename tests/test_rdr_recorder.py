@@ -8,8 +8,6 @@ import sys
 import textwrap
 from pathlib import Path
 
-import pytest
-
 from agent.rdr.bundle import FATAL_STACKS, MANIFEST, verify_bundle, write_bundle
 from agent.rdr.steps_file import load_steps
 
