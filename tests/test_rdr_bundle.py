@@ -76,6 +76,14 @@ def test_bundle_files_manifest_and_steps_round_trip(tmp_path):
     assert last["loss"]["Sentinel.loss"]["Mean"] == pytest.approx(2.0 / 6)
 
 
+def test_snapshot_list_keeps_names_of_evicted_steps(tmp_path):
+    fr = _recorder(k=2, steps=5)
+    d = write_bundle(tmp_path, 2, reason="export", steps=fr.steps())  # a list, as an exporter passes it
+    batches, names = load_steps((d / "flight_recorder_steps.msgpack").read_bytes())
+    assert [b.step for b in batches] == [3, 4] and not any(b.new_names for b in batches)
+    assert names == fr.names() and names[int(batches[0].name_ids[0])] == "Sentinel.loss"
+
+
 def test_secrets_filtered_from_environment(tmp_path):
     env = {"HOME": "/home/u", "MY_API_KEY": "s3cr3t-key-value", "HF_TOKEN": "tok-value-123",
            "DB_PASSWORD": "pw-value-xyz", "aws_secret_access_key": "lower-case-secret", "RANK_ID": "2"}

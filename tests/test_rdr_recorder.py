@@ -41,6 +41,9 @@ RANK = textwrap.dedent("""
     def train_step_that_hangs():
         print("READY", flush=True)
         time.sleep(60)
+    if action == "relabel":  # the node agent assigned another id after registration
+        rec.set_rank(5)
+        action = "raise"
     if action == "twice":  # e.g. autoattach, then the user's own PrecisionDebugger
         assert install_rdr(None, rank=os.environ.get("RANK_ID")) is rec
         action = "raise"
@@ -111,6 +114,14 @@ def test_signal_during_a_bundle_write_gets_its_own_directory(tmp_path):
     written = [d for d in bundles(tmp_path) if (d / MANIFEST).exists()]
     assert [d.name for d in written] == ["rdr.1"]  # never written into the half-done rdr/
     assert "SIGTERM" in json.loads((written[0] / MANIFEST).read_text())["reason"]
+
+
+def test_set_rank_moves_the_reservation(tmp_path):
+    code, out, err = run_rank(tmp_path, "relabel")
+    assert code == 1
+    assert bundles(tmp_path, "1") == [] and not (tmp_path / "rdr" / "rank_1").exists()
+    [d] = bundles(tmp_path, "5")
+    check_bundle(d, "ValueError")
 
 
 def test_thread_exception_writes_bundle_and_process_continues(tmp_path):

@@ -209,12 +209,13 @@ def write_bundle(root: str | os.PathLike, rank_label_or_id: int | str, *, reason
 
 def _write_contents(w: _Writer, *, reason, steps, exception, config, seeds, extra, on_behalf, names, env) -> None:
     if isinstance(steps, FlightRecorder):
-        batches, all_names, k = steps.batches(), steps.names(), steps.k
-    else:
-        batches, k = steps_file.as_batches(steps or ()), None
-        all_names = {}
-        for b in batches:
-            all_names.update(b.new_names)
+        steps = steps.steps()
+    batches = steps_file.as_batches(steps or ())
+    all_names: dict[int, str] = {}
+    for b in batches:
+        all_names.update(b.new_names)
+    all_names.update(getattr(steps, "names", None) or {})  # a FlightRecorder snapshot knows them all
+    k = getattr(steps, "k", None)
     if names:
         all_names.update(names)
     w.put("flight_recorder_steps.msgpack", steps_file.encode_steps(batches, all_names))

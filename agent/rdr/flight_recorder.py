@@ -17,6 +17,14 @@ from agent.records import StepBatch, StepOutput
 Step = Union[StepOutput, StepBatch]
 
 
+class StepSnapshot(list):
+    """A list of steps that also carries the name table they need (``names``) and the
+    ring size (``k``), so ``write_bundle(steps=recorder.steps())`` loses no names."""
+
+    names: dict[int, str]
+    k: int | None
+
+
 class FlightRecorder:
     """A bounded ring of StepOutputs (in-rank) or StepBatches (node agent).
 
@@ -50,10 +58,12 @@ class FlightRecorder:
     def close(self) -> None:
         """Nothing to release; the contents stay readable for a bundle written after close."""
 
-    def steps(self) -> list[Step]:
-        """Snapshot, oldest first."""
+    def steps(self) -> StepSnapshot:
+        """Snapshot, oldest first (a list, with ``.names`` and ``.k``)."""
         with self._lock:
-            return list(self._ring)
+            snap = StepSnapshot(self._ring)
+            snap.names, snap.k = dict(self._names), self.k
+        return snap
 
     def batches(self) -> list[StepBatch]:
         return [s.batch if isinstance(s, StepOutput) else s for s in self.steps()]
