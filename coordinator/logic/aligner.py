@@ -184,7 +184,8 @@ class StepAligner:
     def rank(self, job: str, rank: int) -> RankRecord:
         rec = self.ranks.get((job, rank))
         if rec is None:
-            rec = self._add(job, rank, self._group_for(job, rank))
+            grp = self._group_for(job, rank)  # may create the configured members, this rank among them
+            rec = self.ranks.get((job, rank)) or self._add(job, rank, grp)
         return rec
 
     def register(self, job: str, rank: int, info: dict[str, Any]) -> RankRecord:
