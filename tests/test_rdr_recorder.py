@@ -8,6 +8,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from agent.rdr.bundle import FATAL_STACKS, MANIFEST, verify_bundle, write_bundle
 from agent.rdr.steps_file import load_steps
 
@@ -124,13 +126,19 @@ def test_set_rank_moves_the_reservation(tmp_path):
     check_bundle(d, "ValueError")
 
 
-def test_thread_exception_writes_bundle_and_process_continues(tmp_path):
-    code, out, err = run_rank(tmp_path, "thread")
+@pytest.mark.parametrize("mode", [1, 2])
+def test_thread_exception_writes_bundle_and_process_continues(tmp_path, mode):
+    code, out, err = run_rank(tmp_path, "thread", mode=mode)
     assert code == 0 and "MAIN_CONTINUES" in out and "NORMAL_END" in out
     assert "ZeroDivisionError" in err  # threading's default hook chained
-    [d] = bundles(tmp_path)  # mode 1: the normal end afterwards adds nothing
-    check_bundle(d, "thread data-loader")
-    assert "ZeroDivisionError" in (d / "exception.txt").read_text()
+    found = bundles(tmp_path)
+    check_bundle(found[0], "thread data-loader")
+    assert "ZeroDivisionError" in (found[0] / "exception.txt").read_text()
+    if mode == 1:
+        assert len(found) == 1  # the normal end afterwards adds nothing
+    else:  # the process went on and ended normally: mode 2 records that end too
+        assert [d.name for d in found] == ["rdr", "rdr.1"]
+        check_bundle(found[1], "normal exit")
 
 
 def test_sigterm_writes_bundle_and_dies_by_sigterm(tmp_path):

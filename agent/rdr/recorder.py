@@ -30,7 +30,7 @@ _SIGNALS = (signal.SIGTERM, signal.SIGABRT)
 
 
 class RdrRecorder:
-    """Writes at most one bundle per end of process (plus one per crashed thread).
+    """Writes one bundle per end of process, plus one per crashed thread (which re-arms).
 
     ``context`` is called at dump time for late facts (e.g. ``{"rank_map": ...}``), its
     keys written as ``<key>.json``. ``rank`` defaults to ``RANK_ID`` (0 when unset, as
@@ -58,6 +58,7 @@ class RdrRecorder:
         self._prev_signals: dict[int, Any] = {}
         self._root_existed = True
         self._dumping = False
+        self._ended_abnormally = False  # set by the exception/signal hooks: no "normal end" follows
 
     # --- install / uninstall -----------------------------------------------------------
     def install(self) -> "RdrRecorder":
@@ -84,10 +85,15 @@ class RdrRecorder:
             return
         self._installed = False
         self._disarm(release=True)
-        sys.excepthook = self._prev_excepthook
-        threading.excepthook = self._prev_thread_hook
+        # Put back only what is still ours: a hook installed after us chains to ours and
+        # must not be thrown away.
+        if sys.excepthook == self._excepthook:
+            sys.excepthook = self._prev_excepthook
+        if threading.excepthook == self._thread_hook:
+            threading.excepthook = self._prev_thread_hook
         for sig, prev in self._prev_signals.items():
-            signal.signal(sig, prev if prev is not None else signal.SIG_DFL)
+            if signal.getsignal(sig) == self._on_signal:
+                signal.signal(sig, prev if prev is not None else signal.SIG_DFL)
         self._prev_signals.clear()
         atexit.unregister(self._at_exit)
 
@@ -161,6 +167,7 @@ class RdrRecorder:
             return path
 
     def _excepthook(self, etype, value, tb) -> None:
+        self._ended_abnormally = True
         if value is not None and value.__traceback__ is None:
             value = value.with_traceback(tb)
         self.dump(f"uncaught exception: {etype.__name__}", value)
@@ -175,6 +182,7 @@ class RdrRecorder:
 
     def _on_signal(self, signum: int, frame) -> None:
         name = signal.Signals(signum).name
+        self._ended_abnormally = True
         self.dump(f"signal {name}", f"received {name} (pid {os.getpid()})\n")
         prev = self._prev_signals.get(signum)
         if callable(prev):
@@ -193,7 +201,7 @@ class RdrRecorder:
             if self._fatal_file is not None:
                 self._fatal_file.flush()
             survived_fatal = fatal is not None and fatal.exists() and fatal.stat().st_size > 0
-            if self.settings.mode == 2 and not self.bundles:
+            if self.settings.mode == 2 and not self._ended_abnormally:
                 self.dump("normal exit (mode 2)")
             elif survived_fatal:
                 self.dump("exit after a fatal signal was reported")
