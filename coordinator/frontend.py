@@ -38,6 +38,10 @@ class Peer:
     identity: bytes
     last_seen: float
     ranks: set[tuple[str, int]] = field(default_factory=set)
+    #: src -> highest seq taken from this peer, acknowledged (STATUS "ack") so the node
+    #: agent can trim its spool; ``unacked`` says an ack is due.
+    high: dict[str, int] = field(default_factory=dict)
+    unacked: bool = False
 
 
 class Handlers:
@@ -57,8 +61,9 @@ class Handlers:
 
 class Frontend:
     def __init__(self, handlers: Handlers, bind: str = "tcp://127.0.0.1:0", *, curve: Any = None,
-                 job: str | None = None, tick_s: float = 0.05) -> None:
+                 job: str | None = None, tick_s: float = 0.05, ack_s: float = 0.5) -> None:
         self.handlers = handlers
+        self.ack_s = ack_s
         self.bind = bind
         self.curve = curve
         self.tick_s = tick_s
@@ -129,6 +134,20 @@ class Frontend:
                     self.peers.pop(ident, None)
         return sent
 
+    def send_acks(self) -> None:
+        """Tell each agent what arrived, per sender: its spool may drop those frames."""
+        for peer in list(self.peers.values()):
+            if not peer.unacked:
+                continue
+            body = {"what": "ack", "detail": {"high": dict(peer.high)}}
+            frame = protocol.encode(Message(protocol.STATUS, "", "coordinator", self._seq(), body))
+            try:
+                self._sock.send_multipart([peer.identity, frame], flags=zmq.NOBLOCK)
+                peer.unacked = False
+            except zmq.ZMQError as exc:
+                if exc.errno == zmq.EHOSTUNREACH:
+                    self.peers.pop(peer.identity, None)
+
     def peers_for(self, job: str, rank: int | None = None) -> list[bytes]:
         return [p.identity for p in self.peers.values()
                 if any(j == job and (rank is None or r == rank) for j, r in p.ranks)]
@@ -153,6 +172,7 @@ class Frontend:
         poller = zmq.Poller()
         poller.register(self._sock, zmq.POLLIN)
         next_tick = time.monotonic() + self.tick_s
+        next_ack = time.monotonic() + self.ack_s
         try:
             while not self._stop.is_set():
                 wait_ms = max(0.0, (next_tick - time.monotonic()) * 1000.0)
@@ -163,9 +183,14 @@ class Frontend:
                 if now >= next_tick:
                     next_tick = now + self.tick_s
                     self._guard(self.handlers.on_tick, now)
+                if now >= next_ack:
+                    next_ack = now + self.ack_s
+                    self._guard(self.send_acks)
         finally:
+            from agent.transport import stop_authenticator
             self._fail_pending_calls()
             self._sock.close(linger=0)
+            stop_authenticator(self._ctx)
             self._ctx.term()
 
     def _drain(self) -> None:
@@ -188,6 +213,9 @@ class Frontend:
             if peer is None:
                 peer = self.peers[ident] = Peer(ident, now)
             peer.last_seen = now
+            if msg.seq > peer.high.get(msg.src, -1):
+                peer.high[msg.src] = msg.seq
+            peer.unacked = True
             if msg.type == protocol.STEP:
                 steps.append(protocol.step_from_message(msg))
                 peer.ranks.add((msg.job, msg.body["rank"]))
