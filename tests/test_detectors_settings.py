@@ -1,0 +1,52 @@
+"""parse_settings: the cluster section, with errors that name the field and value."""
+from __future__ import annotations
+
+import pytest
+
+from coordinator.logic.settings import OnDivergence, SettingsError, parse_settings
+
+
+def test_defaults_and_a_full_section() -> None:
+    d = parse_settings({})
+    assert (d.groups, d.on_divergence, d.deadline_s, d.detectors.outlier.ratio) == ("dp", OnDivergence.PAUSE, 30.0, 4.0)
+    s = parse_settings({
+        "agent": "ipc:///tmp/a", "job": "j1", "sentinels": True, "on_terminate": "exit", "dp_index": 2,
+        "groups": [[0, 1], [2, 3]], "on_divergence": "terminate", "deadline_s": 5, "flight_recorder_steps": 4,
+        "detectors": {"outlier": {"z": 6, "ratio": 3.0, "min_history": 5}, "replica": False,
+                      "progress": {"lag_steps": None}, "repeat_after_steps": 10},
+        "watchpoints": [{"condition": "TO"}], "export_timeout_s": 9.5,
+    })
+    assert s.groups == ((0, 1), (2, 3)) and s.job == "j1"
+    assert s.on_divergence is OnDivergence.TERMINATE and s.deadline_s == 5.0
+    assert (s.detectors.outlier.z, s.detectors.outlier.ratio, s.detectors.outlier.min_history) == (6.0, 3.0, 5)
+    assert s.detectors.replica.enabled is False and s.detectors.progress.lag_steps is None
+    assert s.detectors.repeat_after_steps == 10 and s.export_timeout_s == 9.5
+    assert s.watchpoints[0].condition.value == "TO"
+
+
+@pytest.mark.parametrize("section, field", [
+    ({"colour": 1}, "cluster.colour"),
+    ({"groups": "tp"}, "cluster.groups"),
+    ({"groups": [[0, 1], [1, 2]]}, "cluster.groups[1]"),
+    ({"groups": [[0, -1]]}, "cluster.groups[0]"),
+    ({"groups": []}, "cluster.groups"),
+    ({"on_divergence": "stop"}, "cluster.on_divergence"),
+    ({"deadline_s": 0}, "cluster.deadline_s"),
+    ({"deadline_s": "30"}, "cluster.deadline_s"),
+    ({"max_pending_steps": 1.5}, "cluster.max_pending_steps"),
+    ({"detectors": []}, "cluster.detectors"),
+    ({"detectors": {"magic": {}}}, "cluster.detectors.magic"),
+    ({"detectors": {"outlier": {"zz": 1}}}, "cluster.detectors.outlier.zz"),
+    ({"detectors": {"outlier": {"ratio": 1.0}}}, "cluster.detectors.outlier.ratio"),
+    ({"detectors": {"outlier": {"history_alpha": 1.5}}}, "cluster.detectors.outlier.history_alpha"),
+    ({"detectors": {"outlier": {"enabled": "yes"}}}, "cluster.detectors.outlier.enabled"),
+    ({"detectors": {"progress": {"lag_steps": 0}}}, "cluster.detectors.progress.lag_steps"),
+    ({"detectors": {"nan_origin": 3}}, "cluster.detectors.nan_origin"),
+    ({"job": 5}, "cluster.job"),
+])
+def test_bad_fields_are_named(section, field) -> None:
+    with pytest.raises(SettingsError) as err:
+        parse_settings(section)
+    assert err.value.field == field
+    assert str(err.value).startswith(field)
+    assert isinstance(err.value, ValueError)
