@@ -153,14 +153,19 @@ FULL_DISK_CHILD = textwrap.dedent("""
             b.add(f"Cell.layer{i}.Dense.forward.0.output.0", Kind.FORWARD, (1.0, 0.0, 0.5, 1.0))
         fr.emit(b.build("j", 0, s))
     # Every file this process writes is capped: the big ones fail with EFBIG like a full disk.
-    resource.setrlimit(resource.RLIMIT_FSIZE, (8192, 8192))
-    d = write_bundle(sys.argv[1], 0, reason="full disk test", steps=fr, env={"HOME": "/h"})
-    print(json.dumps(str(d)))
+    limit = int(sys.argv[2])
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+    try:
+        d = write_bundle(sys.argv[1], 0, reason="full disk test", steps=fr, env={"HOME": "/h"})
+    except OSError as exc:
+        print(json.dumps({"error": type(exc).__name__, "message": str(exc)}))
+    else:
+        print(json.dumps(str(d)))
 """)
 
 
 def test_full_disk_gives_incomplete_manifest_and_no_half_files(tmp_path):
-    proc = subprocess.run([sys.executable, "-c", FULL_DISK_CHILD, str(tmp_path)], cwd=REPO,
+    proc = subprocess.run([sys.executable, "-c", FULL_DISK_CHILD, str(tmp_path), "8192"], cwd=REPO,
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     d = Path(json.loads(proc.stdout.strip().splitlines()[-1]))
@@ -175,3 +180,16 @@ def test_full_disk_gives_incomplete_manifest_and_no_half_files(tmp_path):
     assert not [n for n in on_disk if ".tmp-" in n]
     assert "versions.json" in on_disk  # small files still made it
     assert "manifest says incomplete" in verify_bundle(d)
+
+
+def test_disk_full_even_for_the_final_manifest_raises_and_leaves_it_incomplete(tmp_path):
+    # 700 bytes: the first ("writing") manifest fits, the final one listing the errors does not.
+    proc = subprocess.run([sys.executable, "-c", FULL_DISK_CHILD, str(tmp_path), "700"], cwd=REPO,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["error"] == "RdrWriteError" and "incomplete" in result["message"]
+    d = tmp_path / "rank_0" / "rdr"
+    man = json.loads((d / MANIFEST).read_text())
+    assert man["complete"] is False and man["state"] == "writing"
+    assert verify_bundle(d)[0] == "manifest says incomplete"
