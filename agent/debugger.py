@@ -1,0 +1,305 @@
+"""PrecisionDebugger: msProbe's in-rank API, backed by rankscope's hooks and sinks.
+
+Drop-in for ``msprobe.mindspore.PrecisionDebugger`` (seeds/001): same constructor and
+methods. Every step's records leave through :meth:`step` as one StepOutput handed to
+every sink (the local DumpWriter, the node-agent client when one is configured, the
+in-rank flight recorder), then the StepGate decides whether training may go on.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+from typing import Any
+
+from agent.config import load_config
+from agent.control import RankscopeTerminated, StepGate
+from agent.dump_writer import DumpWriter
+from agent.hooks.api import ApiHooks
+from agent.hooks.cell import CellHooks
+from agent.hooks.recorder import Recorder
+from agent.rank_identity import resolve_rank, rank_label
+from agent.records import Kind, StepOutput
+from agent.sentinels import Sentinels
+from agent.token_range import TokenCounter, TokenRangeHooks, check_token_range
+
+log = logging.getLogger("rankscope.probe")
+
+
+class PrecisionDebugger:
+    """msProbe's ``PrecisionDebugger(config_path=None, task=None, dump_path=None, level=None, step=None)``."""
+
+    #: The debugger the Model.train callback and autoattach talk to by default.
+    current: "PrecisionDebugger | None" = None
+
+    def __init__(self, config_path: str | None = None, task: str | None = None,
+                 dump_path: str | None = None, level: str | None = None,
+                 step: list | None = None, *, _auto: bool = False) -> None:
+        self.config = load_config(config_path, task=task, dump_path=dump_path, level=level, step=step)
+        cfg = self.config
+        self.auto = _auto
+        self.gate = StepGate(exit_on_terminate=cfg.cluster.on_terminate == "exit")
+        self.writer = DumpWriter(cfg.dump_path, cfg.task, cfg.level, cfg.summary_mode)
+        self.rank: int | None = None
+        self.rank_source = "none"
+        self._label = rank_label(None)
+        self.job = cfg.cluster.job or os.environ.get("RANKSCOPE_JOB") or "local"
+        self.recorder = Recorder(task=cfg.task, summary_mode=cfg.summary_mode, data_mode=cfg.data_mode,
+                                 scope=cfg.scope, api_list=cfg.list, write_tensor=self.writer.write_tensor,
+                                 log_error=self.writer.log_error, rank_label=lambda: self._label)
+        self.cells = CellHooks(self.recorder)
+        self.apis = ApiHooks(self.recorder)
+        self.sentinels = Sentinels(self.recorder)
+        self.sinks: list[Any] = [self.writer]
+        self.flight_recorder = _make_flight_recorder(cfg.cluster.flight_recorder_steps)
+        if self.flight_recorder is not None:
+            self.sinks.append(self.flight_recorder)
+        self.client: Any = None
+        self.current_step = 0
+        self._identified = False
+        self._started = False  # between start() and stop()
+        self._token: TokenCounter | None = None
+        self._token_hooks: TokenRangeHooks | None = None
+        self._save_count: dict[str, int] = {}
+        self.emit_errors = 0
+        self.closed = False
+        if not _auto:
+            from agent import autoattach
+            handover = autoattach.yield_to_user(self)
+            if handover:
+                self.client, self.rank, self._label = handover
+                self._identified = self.client is not None
+                if self.client is not None:
+                    self.sinks.append(self.client)
+        if cfg.cluster.sentinels:
+            # Now, not at start(): the value_and_grad patch must be in place before the
+            # script builds its grad function, or the loss is never seen.
+            self._guard("attaching sentinels", self.sentinels.attach)
+        PrecisionDebugger.current = self
+
+    # ------------------------------------------------------------------ API
+    def start(self, model: Any = None, token_range: list | tuple | None = None,
+              rank_id: int | None = None) -> None:
+        """Begin (or resume) collection; attaches hooks to ``model`` the first time it is seen."""
+        tr = check_token_range(token_range)
+        if tr is not None and model is None:
+            raise ValueError("token_range requires model: pass the inference root model to start()")
+        if not self._identified or rank_id is not None:
+            self._identify(rank_id)
+        cfg = self.config
+        if cfg.cluster.sentinels and not self.sentinels.enabled:
+            self._guard("attaching sentinels", self.sentinels.attach)
+        if model is not None and cfg.level in ("L0", "mix"):
+            self._guard("attaching cell hooks", lambda: self.cells.attach(model))
+        if cfg.level in ("L1", "mix") and not self.apis.active:
+            self._guard("wrapping APIs", lambda: self.apis.attach(primitives=model is not None))
+        if tr is not None and self._token_hooks is None:
+            root = model[0] if isinstance(model, (list, tuple)) else model
+            self._token = TokenCounter(tr[0], tr[1], self._on_token)
+            self._token_hooks = TokenRangeHooks(root, self._token)
+        self._started = True
+        self._update_dumping()
+
+    def stop(self) -> None:
+        """Stop collecting hook data (sentinels keep recording until step())."""
+        self._started = False
+        self._update_dumping()
+
+    def step(self) -> None:
+        """End the step: emit its records to every sink, advance, then honour the StepGate."""
+        done = self.current_step
+        self._flush(done)
+        self.current_step += 1
+        self.recorder.step = self.current_step
+        self.cells.new_step()
+        self.apis.new_step()
+        self.sentinels.new_step()
+        self._update_dumping()
+        self.gate.at_step_boundary(done)
+
+    def set_init_step(self, step: int) -> None:
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise ValueError(f"step = {step!r}: expected an integer >= 0")
+        self.current_step = step
+        self.recorder.step = step
+        self._update_dumping()
+
+    def save(self, variable: Any, name: str, save_backward: bool = True) -> None:
+        """Single-point save (msProbe's debug level): ``{name}.{n}.debug`` entries."""
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"name = {name!r}: expected a non-empty string")
+        if not self.config.step_selected(self.current_step):
+            return
+        r = self.recorder
+        try:
+            n = self._save_count.get(name, 0)
+            self._save_count[name] = n + 1
+            key = f"{name}.{n}.debug"
+            r.put(key, {"data": r.value(key, Kind.SAVED, variable)}, stack=True)
+            if save_backward and hasattr(variable, "register_hook") and "Float" in str(getattr(variable, "dtype", "")):
+                bkey = f"{name}.{n}.backward.debug"
+
+                def grad_hook(grad):  # noqa: ANN001
+                    try:
+                        r.put(bkey, {"data": r.tensor(bkey, Kind.SAVED, grad)}, stack=False)
+                    except Exception as exc:  # noqa: BLE001
+                        r.error(f"save {name} backward", exc)
+                    return None
+                variable.register_hook(grad_hook)
+        except Exception as exc:  # noqa: BLE001
+            r.error(f"save {name}", exc)
+
+    def register_custom_api(self, module: Any, api: str, api_prefix: str) -> None:
+        if not self.apis.wrap(module, api, api_prefix):
+            raise ValueError(f"api = {api!r}: {module!r} has no callable of that name")
+        self.apis.active = True
+
+    def restore_custom_api(self, module: Any, api: str) -> None:
+        self.apis.restore(module, api)
+
+    def close(self) -> None:
+        """Detach every hook and patch (model outputs are then exactly as unprobed)."""
+        if self.closed:
+            return
+        self.closed = True
+        self._started = False
+        self.recorder.dumping = False
+        self.cells.detach()
+        self.apis.detach()
+        self.sentinels.detach()
+        if self._token_hooks is not None:
+            self._token_hooks.remove()
+        for sink in self.sinks:
+            try:
+                sink.close()
+            except Exception:  # noqa: BLE001
+                pass
+        if PrecisionDebugger.current is self:
+            PrecisionDebugger.current = None
+
+    detach = close
+
+    # ------------------------------------------------------------------ internals
+    @property
+    def hook_errors(self) -> int:
+        return self.recorder.errors
+
+    def _guard(self, what: str, fn: Any) -> None:
+        try:
+            fn()
+        except Exception as exc:  # noqa: BLE001 - attach problems never stop training
+            self.recorder.error(what, exc)
+            log.warning("rankscope: %s failed: %r", what, exc)
+
+    def _on_token(self, index: int, in_range: bool) -> None:
+        self.recorder.token = index
+        self._update_dumping()
+
+    def _update_dumping(self) -> None:
+        cfg = self.config
+        on = (self._started and cfg.level != "debug" and cfg.step_selected(self.current_step)
+              and cfg.rank_selected(self.rank))
+        if on and self._token is not None:
+            on = self._token.in_range
+        self.recorder.dumping = on
+
+    def _identify(self, rank_id: int | None) -> None:
+        self._identified = True
+        rank, self.rank_source = resolve_rank(rank_id)
+        self._set_rank(rank)
+        endpoint = self.config.cluster.agent or os.environ.get("RANKSCOPE_AGENT")
+        if endpoint and self.client is None:
+            self._guard("connecting to the node agent", lambda: self._connect(endpoint))
+
+    def _set_rank(self, rank: int | None) -> None:
+        old = self._label
+        self.rank = rank
+        self._label = rank_label(rank)
+        if old != self._label and old.startswith("proc"):
+            try:
+                self.writer.rename_rank_folder(old, self._label)
+            except Exception as exc:  # noqa: BLE001
+                self.recorder.error("renaming the proc folder", exc)
+
+    def _connect(self, endpoint: str) -> None:
+        try:
+            from agent.client import AgentClient, RankClaim
+        except ImportError:
+            return  # the node-agent client is not part of this build
+        env = os.environ
+        client = AgentClient(endpoint, self.job, self.gate, on_export=self._on_export)
+        claim = RankClaim(host=socket.gethostname(), pid=os.getpid(), claimed_rank=self.rank,
+                          world_size=_env_int("RANK_SIZE") or _env_int("WORLD_SIZE") or _world_size(),
+                          dp_index=self.config.cluster.dp_index, device_id=_env_int("DEVICE_ID"),
+                          local_rank=_env_int("LOCAL_RANK"), label=self._label)
+        assigned = client.register(claim, timeout=2.0)
+        if assigned is not None and assigned != self.rank:
+            self._set_rank(assigned)
+        self.client = client
+        self.sinks.append(client)
+
+    def _on_export(self, incident_id: str) -> list:
+        """The coordinator asked for this rank's bundle: write it (H4's RDR bundle writer)."""
+        from pathlib import Path
+        from agent.rdr.bundle import write_bundle
+        root = Path(self.config.dump_path).absolute() / "rankscope_export" / str(incident_id)
+        steps = self.flight_recorder.steps() if self.flight_recorder is not None else []
+        bundle = write_bundle(root, self.rank if self.rank is not None else self._label,
+                              reason=f"export for incident {incident_id}", steps=steps,
+                              config=self.config.to_dict())
+        return [p for p in Path(bundle).rglob("*") if p.is_file()]
+
+    def _flush(self, step: int) -> None:
+        r = self.recorder
+        if self.rank is None and self.rank_source == "none" and self._identified:
+            rank, source = resolve_rank(None)  # init() may have happened since start()
+            if rank is not None:
+                self.rank_source = source
+                self._set_rank(rank)
+        try:
+            entries, stacks, construct = r.take()
+            batch = r.builder.build(self.job, self.rank if self.rank is not None else -1, step,
+                                    token=r.token, wall_time=time.time())
+            out = StepOutput(batch=batch, rank_label=self._label, entries=entries, stacks=stacks,
+                             construct=construct,
+                             dump_selected=self.config.step_selected(step) and self.config.rank_selected(self.rank)
+                             and bool(entries))
+        except Exception as exc:  # noqa: BLE001
+            r.error(f"building step {step}", exc)
+            return
+        for sink in self.sinks:
+            try:
+                sink.emit(out)
+            except RankscopeTerminated:
+                raise
+            except Exception as exc:  # noqa: BLE001
+                self.emit_errors += 1
+                r.error(f"sink {type(sink).__name__}", exc)
+
+
+def _make_flight_recorder(k: int) -> Any:
+    try:
+        from agent.rdr.flight_recorder import FlightRecorder
+    except ImportError:
+        return None
+    try:
+        return FlightRecorder(k)
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def _env_int(name: str) -> int | None:
+    try:
+        return int(os.environ[name])
+    except (KeyError, ValueError):
+        return None
+
+
+def _world_size() -> int | None:
+    try:
+        from mindspore.communication import get_group_size
+        from mindspore.communication._comm_helper import GlobalComm
+        return int(get_group_size()) if GlobalComm.INITED else None
+    except Exception:  # noqa: BLE001
+        return None

@@ -1,0 +1,224 @@
+"""DP sentinels: the few records divergence hunting needs, cheap enough to keep always on.
+
+- ``Sentinel.loss``: the loss returned by a ``value_and_grad`` function (or reported by
+  the Model.train callback).
+- ``Sentinel.grad_local.<param>``: every gradient entering ``nn.DistributedGradReducer``
+  (a rank's own fault shows here before AllReduce spreads it); without a reducer, the
+  gradients handed to the optimizer.
+- ``Sentinel.grad_reduced.<param>``: the reducer's output, identical across replicas.
+- ``Sentinel.param.<name>`` / ``Sentinel.opt_state.<name>``: CRC-32 + stats of every
+  parameter and optimizer state when the optimizer is called, i.e. the values this step
+  started from (nothing changes them between forward and the update).
+
+Optimizers and reducers are Cells, so a forward(-pre) hook on the instance is enough;
+instances are found through a constructor patch (while active) plus one scan of live
+objects at attach time. ``mindspore.value_and_grad`` is patched to see the loss.
+"""
+from __future__ import annotations
+
+import gc
+import weakref
+from typing import Any, Callable
+
+from agent.hooks.recorder import Recorder
+from agent.records import Kind
+
+
+class Sentinels:
+    def __init__(self, rec: Recorder, on_optimizer_done: Callable[[], None] | None = None) -> None:
+        self.rec = rec
+        self.enabled = False
+        self.on_optimizer_done = on_optimizer_done  # autoattach: the optimizer call ends a step
+        self._handles: list[Any] = []
+        self._hooked: "weakref.WeakSet[Any]" = weakref.WeakSet()
+        self._reducer_names: "weakref.WeakKeyDictionary[Any, list[str]]" = weakref.WeakKeyDictionary()
+        self._patches: list[tuple[Any, str, Any]] = []
+        self._reduced_this_step = False
+        self._loss_recorded = False
+        self.optimizers: "weakref.WeakSet[Any]" = weakref.WeakSet()
+        self.grad_fns_seen = 0
+        #: Called with (fn, weights) when a value_and_grad/grad function is created:
+        #: autoattach uses it to find the model.
+        self.on_grad_fn: Callable[[Any, Any], None] | None = None
+
+    # ------------------------------------------------------------------ attach
+    def attach(self) -> None:
+        import mindspore as ms
+        from mindspore import nn
+        self.enabled = True
+        if not self._patches:
+            self._patch_init(nn.Optimizer, self._hook_optimizer)
+            self._patch_init(nn.DistributedGradReducer, self._hook_reducer, remember_params=True)
+            self._patch_grad_api(ms)
+        for obj in gc.get_objects():  # instances created before we were attached
+            try:
+                if isinstance(obj, nn.Optimizer):
+                    self._hook_optimizer(obj)
+                elif isinstance(obj, nn.DistributedGradReducer):
+                    self._hook_reducer(obj)
+            except ReferenceError:
+                continue  # a dead weakref.proxy met in the scan
+            except Exception as exc:  # noqa: BLE001
+                self.rec.error("sentinel attach", exc)
+
+    def detach(self) -> None:
+        self.enabled = False
+        for h in self._handles:
+            try:
+                h.remove()
+            except Exception:  # noqa: BLE001
+                pass
+        self._handles.clear()
+        self._hooked = weakref.WeakSet()
+        for owner, attr, orig in reversed(self._patches):
+            setattr(owner, attr, orig)
+        self._patches.clear()
+
+    def new_step(self) -> None:
+        self._reduced_this_step = False
+        self._loss_recorded = False
+
+    # ------------------------------------------------------------------ patches
+    def _patch_init(self, cls: type, on_new: Callable[[Any], None], remember_params: bool = False) -> None:
+        orig = cls.__init__
+        sentinels = self
+
+        def __init__(obj, *args, **kwargs):  # noqa: N807, ANN001
+            orig(obj, *args, **kwargs)
+            try:
+                if remember_params:
+                    params = args[0] if args else kwargs.get("parameters")
+                    sentinels._reducer_names[obj] = [getattr(p, "name", str(i)) for i, p in enumerate(params)]
+                if sentinels.enabled:
+                    on_new(obj)
+            except Exception as exc:  # noqa: BLE001
+                sentinels.rec.error(f"sentinel {cls.__name__} init", exc)
+
+        __init__.__wrapped__ = orig  # type: ignore[attr-defined]
+        self._patches.append((cls, "__init__", orig))
+        cls.__init__ = __init__
+
+    def _patch_grad_api(self, ms: Any) -> None:
+        from mindspore import ops
+        from mindspore.ops.function.grad import grad_func
+        for owner in {id(m): m for m in (ms, ops, grad_func)}.values():
+            orig = getattr(owner, "value_and_grad", None)
+            if orig is not None and not getattr(orig, "_rankscope", False):
+                wrapped = self._wrap_value_and_grad(orig)
+                self._patches.append((owner, "value_and_grad", orig))
+                setattr(owner, "value_and_grad", wrapped)
+
+    def _wrap_value_and_grad(self, orig: Callable) -> Callable:
+        sentinels = self
+
+        def value_and_grad(fn, grad_position=0, weights=None, has_aux=False, return_ids=False,
+                           sens_param=False):  # noqa: ANN001
+            inner = orig(fn, grad_position, weights, has_aux, return_ids, sens_param)
+            sentinels.grad_fns_seen += 1
+            if sentinels.on_grad_fn is not None:
+                try:
+                    sentinels.on_grad_fn(fn, weights)
+                except Exception as exc:  # noqa: BLE001
+                    sentinels.rec.error("finding the model", exc)
+
+            def grad_fn(*args, **kwargs):  # noqa: ANN002
+                out = inner(*args, **kwargs)
+                if sentinels.enabled:
+                    try:
+                        value = out[0]
+                        if isinstance(value, (tuple, list)):  # has_aux / multiple outputs
+                            value = value[0]
+                        sentinels.record_loss(value)
+                    except Exception as exc:  # noqa: BLE001
+                        sentinels.rec.error("loss sentinel", exc)
+                return out
+            grad_fn.__wrapped__ = inner  # type: ignore[attr-defined]
+            return grad_fn
+
+        value_and_grad._rankscope = True  # type: ignore[attr-defined]
+        value_and_grad.__wrapped__ = orig  # type: ignore[attr-defined]
+        value_and_grad.__doc__ = orig.__doc__
+        return value_and_grad
+
+    # ------------------------------------------------------------------ hooks
+    def _hook_optimizer(self, opt: Any) -> None:
+        if opt in self._hooked:
+            return
+        self._hooked.add(opt)
+        self.optimizers.add(opt)
+        self._handles.append(opt.register_forward_pre_hook(self._optimizer_pre_hook))
+        self._handles.append(opt.register_forward_hook(self._optimizer_post_hook))
+
+    def _hook_reducer(self, reducer: Any) -> None:
+        if reducer in self._hooked:
+            return
+        self._hooked.add(reducer)
+        self._handles.append(reducer.register_forward_hook(self._reducer_hook))
+
+    def record_loss(self, loss: Any) -> None:
+        """For callers that see the loss directly (the Model.train callback)."""
+        if self.enabled and loss is not None and not self._loss_recorded:
+            try:
+                self.rec.row("Sentinel.loss", Kind.LOSS, loss)
+                self._loss_recorded = True
+            except Exception as exc:  # noqa: BLE001
+                self.rec.error("loss sentinel", exc)
+
+    def _optimizer_pre_hook(self, opt: Any, args: tuple) -> None:
+        if not self.enabled:
+            return None
+        r = self.rec
+        try:
+            r.resolve()  # forward params must be read before the update below
+            model_ids = set()
+            for p in getattr(opt, "parameters", ()):
+                model_ids.add(id(p))
+                r.row(f"Sentinel.param.{p.name}", Kind.PARAM, p, crc=True)
+            for name, p in opt.parameters_and_names():
+                if id(p) not in model_ids:
+                    r.row(f"Sentinel.opt_state.{name}", Kind.OPT_STATE, p, crc=True)
+            if not self._reduced_this_step and args:
+                self._record_grads("Sentinel.grad_local", Kind.GRAD_LOCAL, args[0],
+                                   [p.name for p in getattr(opt, "parameters", ())])
+            r.resolve()  # the optimizer updates params and state in place next
+        except Exception as exc:  # noqa: BLE001
+            r.error("optimizer sentinel", exc)
+        return None
+
+    def _optimizer_post_hook(self, opt: Any, args: tuple, output: Any) -> None:
+        if self.enabled and self.on_optimizer_done is not None:
+            try:
+                self.on_optimizer_done()
+            except Exception as exc:  # noqa: BLE001 - RankscopeTerminated is raised elsewhere
+                from agent.control import RankscopeTerminated
+                if isinstance(exc, RankscopeTerminated):
+                    raise
+                self.rec.error("step end after optimizer", exc)
+        return None
+
+    def _reducer_hook(self, reducer: Any, args: tuple, output: Any) -> None:
+        if not self.enabled:
+            return None
+        try:
+            names = self._reducer_names.get(reducer) or self._optimizer_names(len(output))
+            self._record_grads("Sentinel.grad_local", Kind.GRAD_LOCAL, args[0] if args else (), names)
+            self._record_grads("Sentinel.grad_reduced", Kind.GRAD_REDUCED, output, names)
+            self._reduced_this_step = True
+        except Exception as exc:  # noqa: BLE001
+            self.rec.error("grad reducer sentinel", exc)
+        return None
+
+    def _optimizer_names(self, n: int) -> list[str]:
+        for opt in self.optimizers:
+            names = [p.name for p in getattr(opt, "parameters", ())]
+            if len(names) == n:
+                return names
+        return [str(i) for i in range(n)]
+
+    def _record_grads(self, prefix: str, kind: Kind, grads: Any, names: list[str]) -> None:
+        if not isinstance(grads, (tuple, list)):
+            grads = (grads,)
+        r = self.rec
+        for i, g in enumerate(grads):
+            pname = names[i] if i < len(names) else str(i)
+            r.row(f"{prefix}.{pname}", kind, g, crc=kind is Kind.GRAD_REDUCED)

@@ -1,0 +1,120 @@
+"""Step time of a probed vs a plain training step (issue 2's benchmark).
+
+4-layer MLP (Dense 256x256 x3 + a 256->10 head, ReLU), batch 64, Adam, PyNative CPU.
+Modes run in alternating rounds inside one process so machine noise hits all of them
+alike; the figure is the ratio of median step times vs plain.
+
+    .venv/bin/python bench/step_time.py [--steps 30] [--rounds 5] [--modes plain,sentinels,L0,L1,mix]
+
+Prints one line per mode and a final JSON line.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import numpy as np  # noqa: E402
+
+
+def build():
+    import mindspore as ms
+    from mindspore import nn
+
+    class MLP(nn.Cell):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc1, self.fc2, self.fc3 = nn.Dense(256, 256), nn.Dense(256, 256), nn.Dense(256, 256)
+            self.head = nn.Dense(256, 10)
+            self.relu = nn.ReLU()
+
+        def construct(self, x):
+            x = self.relu(self.fc1(x))
+            x = self.relu(self.fc2(x))
+            x = self.relu(self.fc3(x))
+            return self.head(x)
+
+    net = MLP()
+    loss_fn = nn.CrossEntropyLoss()
+    opt = nn.Adam(net.trainable_params(), 1e-3)
+    grad_fn = ms.value_and_grad(lambda x, y: loss_fn(net(x), y), None, opt.parameters)
+    return net, opt, grad_fn
+
+
+def run_mode(mode: str, steps: int, dump_root: str, data) -> tuple[list[float], list[float]]:
+    """(wall seconds, process CPU seconds) per step. CPU time counts every thread of the
+    process (MindSpore's backend threads too) and is far less disturbed by other load."""
+    from agent import PrecisionDebugger
+    x, y = data
+    dbg = None
+    if mode != "plain":
+        level = "L0" if mode == "sentinels" else mode
+        dbg = PrecisionDebugger(dump_path=os.path.join(dump_root, mode), level=level, task="statistics")
+    net, opt, grad_fn = build()
+    times, cpu = [], []
+    for i in range(steps + 3):
+        t0, c0 = time.perf_counter(), time.process_time()
+        if dbg is not None:
+            dbg.start(net if mode != "sentinels" else None)
+        loss, grads = grad_fn(x, y)
+        opt(grads)
+        if dbg is not None:
+            dbg.stop()
+            dbg.step()
+        loss.asnumpy()
+        if i >= 3:  # warm-up: first calls compile kernels
+            times.append(time.perf_counter() - t0)
+            cpu.append(time.process_time() - c0)
+    if dbg is not None:
+        dbg.close()
+    return times, cpu
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--modes", default="plain,sentinels,L0")
+    args = ap.parse_args(argv)
+    import mindspore as ms
+    ms.set_context(mode=ms.PYNATIVE_MODE, device_target="CPU")
+    ms.set_seed(0)
+    rs = np.random.RandomState(0)
+    data = (ms.Tensor(rs.randn(64, 256).astype(np.float32)),
+            ms.Tensor(rs.randint(0, 10, 64).astype(np.int32)))
+    modes = args.modes.split(",")
+    if "plain" not in modes:
+        modes.insert(0, "plain")
+    samples: dict[str, list[float]] = {m: [] for m in modes}
+    cpu: dict[str, list[float]] = {m: [] for m in modes}
+    root = tempfile.mkdtemp(prefix="rankscope-bench-")
+    try:
+        for _ in range(args.rounds):
+            for m in modes:
+                wall, cpus = run_mode(m, args.steps, root, data)
+                samples[m] += wall
+                cpu[m] += cpus
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    base = statistics.median(samples["plain"])
+    cbase = statistics.median(cpu["plain"])
+    result = {"plain_ms": round(base * 1e3, 3), "plain_cpu_ms": round(cbase * 1e3, 3)}
+    for m in modes:
+        med, cmed = statistics.median(samples[m]), statistics.median(cpu[m])
+        print(f"{m:10s} wall {med * 1e3:8.2f} ms  ratio {med / base:5.2f}x   "
+              f"cpu {cmed * 1e3:8.2f} ms  ratio {cmed / cbase:5.2f}x  (n={len(samples[m])})")
+        result[f"{m}_ratio"] = round(med / base, 3)
+        result[f"{m}_cpu_ratio"] = round(cmed / cbase, 3)
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
