@@ -165,6 +165,9 @@ def run_ingest(ranks: int, tensors: int, steps: int, *, nodes: int | None = None
             "fault_rank": fault_rank, "rejected": final.get("rejected"), "duplicates": final.get("duplicates"),
             "judged_before_fault": judged_wait is not None, "export_dir": export_dir,
         }
+        # Let the incident finish (export times out: simulated ranks send no bundle) so
+        # incident.json and report.html land in export_dir.
+        ray.get(coord.drain.remote(10.0))
         return out
     finally:
         try:
