@@ -153,6 +153,28 @@ def flag(argv: list[str], name: str) -> str:
     raise AssertionError(f"{name} not in {argv}")
 
 
+def parse_with_real_cli(argv: list[str]):
+    """Parse a `rankscope ...` command line with the real subcommand's parser: the examples
+    must use the flags that exist."""
+    import contextlib
+    import io
+    cmd, rest = argv[0], argv[1:]
+    if cmd == "agent":
+        from agent.daemon_cli import build_parser
+    elif cmd == "coordinator":
+        from coordinator.serve import build_parser
+    elif cmd == "launch":
+        from coordinator.launch import build_parser
+    else:
+        raise AssertionError(f"unexpected rankscope command {argv}")
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err):
+            return build_parser().parse_args(rest)
+    except SystemExit:
+        pytest.fail(f"`rankscope {cmd}` rejects {rest}: {err.getvalue().strip()}")
+
+
 def assert_all_exited(pids: list[int]) -> None:
     """Every stand-in the script started is gone once it returns (bounded wait for reaping)."""
     deadline = time.monotonic() + 10
@@ -226,6 +248,8 @@ def test_sbatch_dry_run(fakes, tmp_path):
     agents = [c for c in log_calls if c["tool"] == "rankscope" and c["argv"][0] == "agent"]
     launches = [c for c in log_calls if c["tool"] == "rankscope" and c["argv"][0] == "launch"]
     msruns = [c for c in log_calls if c["tool"] == "msrun"]
+    for c in [coord, *agents]:
+        parse_with_real_cli(c["argv"])
     assert flag(coord["argv"], "--address") == f"127.0.0.1:{ray_port}"
     assert {a["node"] for a in agents} == {"127.0.0.1", "node-b"}
     for a in agents:
@@ -234,6 +258,9 @@ def test_sbatch_dry_run(fakes, tmp_path):
     socket_endpoint = f"ipc://{tmp_path / 'sock'}/agent.sock"
     assert all(a["argv"][a["argv"].index("--listen") + 1] == socket_endpoint for a in agents)
     assert len(launches) == 2 and all(flag(lc["argv"], "--agent") == socket_endpoint for lc in launches)
+    # Same launch flags as run-node.sh, whose launch line test_launch_flags_are_real parses.
+    assert {a for a in launches[0]["argv"][:launches[0]["argv"].index("--")] if a.startswith("--")} == \
+        {"--agent", "--job", "--export-dir"}
     # One msrun per node: node ranks 0 and 1 of a 2 x 4 world, rendezvous on the first node.
     assert sorted(int(flag(m["argv"], "--node_rank")) for m in msruns) == [0, 1]
     for m in msruns:
@@ -277,6 +304,22 @@ def test_run_node_dry_run(fakes, agent_socket, tmp_path):
     assert msrun["argv"][-3:] == ["train.py", "--epochs", "2"]
 
 
+def test_launch_flags_are_real(fakes, agent_socket, tmp_path):
+    env, log = fakes
+    env.update(AGENT_SOCKET=str(agent_socket), RANKSCOPE_CONFIG=str(tmp_path / "c.json"))
+    out = subprocess.run(["bash", str(SCRIPTS[2]), "0", "2", "10.0.0.1", "train.py"], env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    launch, = [c["argv"] for c in calls(log) if c["tool"] == "rankscope"]
+    from coordinator.launch import build_parser
+    known, unknown = build_parser().parse_known_args(launch[1:])
+    if unknown == ["--agent"]:
+        # Multi-node needs launch to use the node agent already running on the host
+        # (started by srun / systemd) instead of starting its own.
+        pytest.xfail("`rankscope launch` has no --agent ENDPOINT option yet (needed for multi-node)")
+    parse_with_real_cli(launch)
+
+
 @pytest.mark.parametrize("args, rc, message", [
     (["0", "2"], 2, "usage"),
     (["2", "2", "h", "t.py"], 2, "must be below"),
@@ -318,6 +361,7 @@ def test_start_coordinator_dry_run(fakes, tmp_path):
             proc.kill()
     ray_calls = [c["argv"] for c in calls(log) if c["tool"] == "ray"]
     assert ray_calls[0][:2] == ["start", "--head"] and ray_calls[-1] == ["stop"], err
+    parse_with_real_cli(coord[0]["argv"])
     assert flag(coord[0]["argv"], "--bind") == f"tcp://0.0.0.0:{coord_port}"
     assert flag(coord[0]["argv"], "--export-dir") == str(tmp_path / "exp")
     assert (tmp_path / "exp").is_dir()
@@ -348,6 +392,8 @@ def test_systemd_unit_parses_and_is_locked_down():
     assert flag(exec_start, "--listen") == "ipc:///run/rankscope/agent.sock"
     assert flag(exec_start, "--spool").startswith("/var/lib/rankscope/")
     assert flag(exec_start, "--coordinator") == "${RANKSCOPE_COORDINATOR}"
+    parse_with_real_cli([a.replace("${RANKSCOPE_COORDINATOR}", "tcp://c:5555").replace("%H", "h")
+                         .replace("${RANKSCOPE_JOB}", "j") for a in exec_start[1:]])
     env_file = (DEPLOY / "systemd" / "agent.env").read_text()
     assert re.search(r"^RANKSCOPE_COORDINATOR=tcp://", env_file, re.M)
     assert re.search(r"^RANKSCOPE_JOB=\S+", env_file, re.M)

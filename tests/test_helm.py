@@ -372,3 +372,56 @@ def test_every_chart_value_is_documented(chart):
     def leaves(d: dict, prefix: tuple = ()) -> set[tuple]:
         return {prefix + (k,) for k in d}
     assert leaves(defaults) <= _schema_paths(chart.schema), "top-level values missing from the schema"
+
+
+# ---- the chart's flags and key layout are the real CLIs' ----------------------------------------
+
+def public_key(cert: Path) -> bytes:
+    import zmq.auth
+    return zmq.auth.load_certificate(str(cert))[0]
+
+
+def _project_secret(volume_spec: dict, secret: dict, dest: Path) -> Path:
+    """What the kubelet does with a secret volume's items: each key lands at its path."""
+    for item in volume_spec["secret"]["items"]:
+        target = dest / item["path"]
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(base64.b64decode(secret["data"][item["key"]]))
+    return dest
+
+
+def test_rendered_flags_and_keys_work_with_the_real_clis(chart, tmp_path):
+    from agent import daemon_cli, keys_cli
+    from coordinator import serve
+
+    # Keys exactly as the docs say to make them, handed to the chart as with --set-file.
+    keys = tmp_path / "keys"
+    for name in ("coordinator", "agent"):
+        assert keys_cli.main(["new", name, "--dir", str(keys)]) == 0
+    values = {"curve": {"create": True, "keys": {
+        "coordinatorPublic": (keys / "coordinator.key").read_text(),
+        "coordinatorSecret": (keys / "coordinator.key_secret").read_text(),
+        "agentPublic": (keys / "agent.key").read_text(),
+        "agentSecret": (keys / "agent.key_secret").read_text()}}}
+    objs, _ = render(chart, values)
+    secret = objs[f"Secret/{FULLNAME}-curve"]
+    mount = "/etc/rankscope/curve"
+
+    # The agent container: its flags parse, and its projected keys load as CURVE client keys.
+    pod = daemonset(objs)["spec"]["template"]["spec"]
+    agent_dir = _project_secret(volume(pod, "curve"), secret, tmp_path / "agent-pod")
+    args = [a.replace(mount, str(agent_dir)).replace("$(NODE_NAME)", "node-1")
+            for a in container(pod, "agent")["args"]]
+    settings = daemon_cli.settings_from_args(daemon_cli.build_parser().parse_args(args))
+    assert settings.coordinator_curve.server_public == public_key(keys / "coordinator.key")
+    assert settings.host == "node-1" and str(settings.spool_dir).startswith("/var/lib/rankscope/")
+
+    # The coordinator sidecar: its flags parse, and the allowlist it gets admits the agent.
+    head = head_pod(objs)
+    head_dir = _project_secret(volume(head, "curve"), secret, tmp_path / "head-pod")
+    cargs = serve.build_parser().parse_args(
+        [a.replace(mount, str(head_dir)) for a in container(head, "coordinator")["args"]])
+    curve = serve.curve_keys(cargs.curve_secret, cargs.allow_dir)
+    admitted = {public_key(f) for f in Path(curve["allow_dir"]).glob("*.key")}
+    assert admitted == {settings.coordinator_curve.public}
+    assert cargs.on_divergence == "pause" and cargs.job == "default"

@@ -28,5 +28,5 @@ rankscope coordinator \
     --export-dir "$EXPORT_DIR" \
     --job "$RANKSCOPE_JOB" \
     --on-divergence "$ON_DIVERGENCE" \
-    --curve-secret-key "$CURVE_DIR/coordinator.key_secret" \
-    --curve-allow "$CURVE_DIR/allowed"
+    --curve-secret "$CURVE_DIR/coordinator.key_secret" \
+    --allow-dir "$CURVE_DIR/allowed"

@@ -89,9 +89,9 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 - {{ .Values.job | quote }}
 - --on-divergence
 - {{ .Values.coordinator.onDivergence | quote }}
-- --curve-secret-key
+- --curve-secret
 - {{ printf "%s/%s" $curveDir .Values.curve.files.coordinatorSecret | quote }}
-- --curve-allow
+- --allow-dir
 - {{ printf "%s/allowed" $curveDir | quote }}
 {{- range .Values.coordinator.extraArgs }}
 - {{ . | quote }}
@@ -108,12 +108,14 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 - --job
 - {{ .Values.job | quote }}
 - --spool
-- {{ .Values.agent.spoolDir | quote }}
+- {{ printf "%s/spool" (trimSuffix "/" .Values.agent.stateDir) | quote }}
+- --bundle-dir
+- {{ printf "%s/bundles" (trimSuffix "/" .Values.agent.stateDir) | quote }}
 - --host
 - "$(NODE_NAME)"
-- --curve-secret-key
+- --curve-secret
 - {{ printf "%s/%s" $curveDir .Values.curve.files.agentSecret | quote }}
-- --curve-server-key
+- --coordinator-key
 - {{ printf "%s/%s" $curveDir .Values.curve.files.coordinatorPublic | quote }}
 {{- range .Values.agent.extraArgs }}
 - {{ . | quote }}
