@@ -1,0 +1,168 @@
+"""The node agent with real processes on real sockets (issue 3, "Done when").
+
+A fake coordinator ROUTER lives in the test process; the agent and the ranks are
+subprocesses. No timing assertions: every wait is "until it happens, or fail after a
+generous timeout".
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from agent import protocol
+from agent.rdr.steps_file import load_steps
+from agent.rdr.transfer import BundleAssembler
+from node_harness import FakeCoordinator, free_port, start_agent, start_rank, stop, wait_event
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture
+def coord():
+    c = FakeCoordinator(f"tcp://127.0.0.1:{free_port()}")
+    yield c
+    c.close()
+
+
+@pytest.fixture
+def agent(tmp_path, coord):
+    proc, endpoint = start_agent(tmp_path, coord.bound, "--settle", "1.0", "--heartbeat-timeout", "30")
+    yield proc, endpoint
+    stop(proc)
+
+
+def test_three_processes_claiming_rank0_get_three_ids_folders_and_a_rank_map(tmp_path, coord, agent):
+    _, endpoint = agent
+    dump = tmp_path / "dump"
+    # dp_index order differs from start order: the assignment must follow dp_index.
+    ranks = [start_rank(endpoint, "--claim", "0", "--dp-index", str(dp), "--steps", "2", "--dump", str(dump))
+             for dp in (2, 0, 1)]
+    try:
+        got = {dp: wait_event(p, "registered")["rank"] for dp, p in zip((2, 0, 1), ranks)}
+        for p in ranks:
+            wait_event(p, "done")
+            assert p.wait(30) == 0
+    finally:
+        for p in ranks:
+            stop(p)
+    assert got == {0: 0, 1: 1, 2: 2}, got
+    folders = sorted(d.name for d in (dump / "step0").iterdir())
+    assert folders == ["rank0", "rank1", "rank2"]
+    assert all((dump / "step1" / f / "dump.json").is_file() for f in folders)
+
+    rank_map = json.loads((tmp_path / "bundles" / "j" / "rank_map.json").read_text())["entries"]
+    assert sorted(r["assigned_rank"] for r in rank_map) == [0, 1, 2]
+    assert all(r["claimed_rank"] == 0 for r in rank_map)
+    assert sorted(r["remapped"] for r in rank_map) == [False, True, True]
+    by_dp = {r["dp_index"]: r for r in rank_map}
+    assert {dp: by_dp[dp]["pid"] for dp in (0, 1, 2)} == {dp: p.pid for dp, p in zip((2, 0, 1), ranks)}
+    # The coordinator heard the assigned ids and the map too.
+    regs = coord.wait_for(lambda m: m.type == protocol.REGISTER and m.body.get("assigned_rank") == 2)
+    assert regs[0].src == "rank:2" and regs[0].body["claimed_rank"] == 0
+    maps = coord.wait_for(lambda m: m.type == protocol.RANK_MAP and len(m.body["entries"]) == 3)
+    assert sorted(e["assigned_rank"] for e in maps[-1].body["entries"]) == [0, 1, 2]
+
+
+def test_sigkilled_rank_gets_its_bundle_written_and_exported_by_the_agent(tmp_path, coord, agent):
+    _, endpoint = agent
+    rank = start_rank(endpoint, "--claim", "5", "--world-size", "1", "--steps", "12", "--then", "hang")
+    try:
+        assert wait_event(rank, "registered")["rank"] == 5
+        wait_event(rank, "done")
+        # Every step reached the coordinator, so it reached the agent's flight recorder.
+        coord.wait_for(lambda m: m.type == protocol.STEP and m.body["step"] == 11)
+        os.kill(rank.pid, signal.SIGKILL)
+        # Do not reap it yet: while it is a zombie the agent can read its exit status.
+        lost = coord.wait_for(lambda m: m.type == protocol.RANK_LOST)[0]
+    finally:
+        stop(rank)
+    assert lost.body["rank"] == 5 and lost.body["pid"] == rank.pid
+    assert lost.body["last_step"] == 11
+    assert lost.body["exit_status"] == -signal.SIGKILL
+    bundle = tmp_path / "bundles" / "j" / "rank_5" / "rdr"
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    assert manifest["on_behalf"] is True and manifest["complete"] is True
+    batches, names = load_steps((bundle / "flight_recorder_steps.msgpack").read_bytes())
+    assert [b.step for b in batches] == list(range(4, 12))  # the default K = 8 last steps
+    assert names[0] == "Cell.layer0.Dense.forward.0"  # names sent at step 0 survive the ring
+
+    # Export: the agent answers for the dead rank over the wire.
+    coord.control("export", incident="inc1", args={"transfer": "inc1"})
+    dest = tmp_path / "incident"
+    asm = BundleAssembler(dest)
+    deadline = time.monotonic() + 30
+    done: set[str] = set()
+    seen = 0
+
+    def complete() -> bool:
+        if "rdr/manifest.json" not in done:
+            return False
+        listed = json.loads((dest / "rank_5" / "rdr" / "manifest.json").read_text())["files"]
+        return all(f"rdr/{f['path']}" in done for f in listed)
+
+    while time.monotonic() < deadline and not complete():
+        coord.pump(0.1)
+        chunks = coord.of_type(protocol.BUNDLE_CHUNK)
+        for m in chunks[seen:]:
+            if asm.accept(m.body) is not None:
+                done.add(m.body["path"])
+        seen = len(chunks)
+    assert complete() and not asm.problems, (done, asm.problems)
+    got = json.loads((dest / "rank_5" / "rdr" / "manifest.json").read_text())
+    assert got["on_behalf"] is True
+    for f in got["files"]:
+        assert (dest / "rank_5" / "rdr" / f["path"]).is_file(), f
+
+
+def test_coordinator_restart_loses_no_record(tmp_path, coord, agent):
+    _, endpoint = agent
+    steps = 300
+    rank = start_rank(endpoint, "--claim", "0", "--world-size", "1", "--steps", str(steps), "--sleep", "0.01")
+    try:
+        wait_event(rank, "registered")
+        coord.wait_for(lambda m: m.type == protocol.STEP and m.body["step"] >= 60)
+        coord.close_socket()  # "crash": frames queued in the old socket are lost
+        time.sleep(1.0)  # the rank keeps training; the agent spools
+        coord.open()  # same port: the agent reconnects and replays
+        done = wait_event(rank, "done", timeout=60)
+        coord.wait_for(lambda m: m.type == protocol.STEP and m.body["step"] == steps - 1, timeout=60)
+        assert rank.wait(30) == 0
+    finally:
+        stop(rank)
+    assert done["dropped"] == 0
+    got = sorted(m.body["step"] for m in coord.of_type(protocol.STEP))
+    assert got == list(range(steps)), f"missing {sorted(set(range(steps)) - set(got))[:20]}"
+    # The restarted coordinator got the name table again with the first step it saw.
+    with_names = [m.body["step"] for m in coord.of_type(protocol.STEP) if m.body["new_names"]]
+    assert with_names[0] == 0 and len(with_names) >= 2, with_names
+    log = (tmp_path / "agent.log").read_text()
+    assert "disconnected" in log and "connected" in log
+
+
+def test_pause_resume_and_step_reach_the_rank(tmp_path, coord, agent):
+    _, endpoint = agent
+    rank = start_rank(endpoint, "--claim", "0", "--world-size", "1", "--steps", "400", "--sleep", "0.02")
+    try:
+        wait_event(rank, "registered")
+        coord.wait_for(lambda m: m.type == protocol.STEP and m.body["step"] >= 3)
+        coord.control("pause", incident="inc-p")
+        paused = coord.wait_for(lambda m: m.type == protocol.STATUS and m.body["what"] == "paused")[0]
+        at = paused.body["detail"]["step"]
+        coord.pump(0.5)
+        last = max(m.body["step"] for m in coord.of_type(protocol.STEP))
+        assert last == at - 1  # blocked at the boundary before step `at`: nothing after it
+        coord.control("step", args={"n": 3})
+        again = coord.wait_for(lambda m: m.type == protocol.STATUS and m.body["what"] == "paused"
+                               and m.body["detail"]["step"] > at)[0]
+        assert again.body["detail"]["step"] == at + 3
+        coord.control("terminate", incident="inc-p", args={"reason": "test"})
+        ev = wait_event(rank, "terminated")
+        assert "inc-p" in ev["message"]
+        assert rank.wait(30) == 3
+    finally:
+        stop(rank)
