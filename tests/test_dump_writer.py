@@ -281,3 +281,21 @@ def test_sigkill_mid_write_never_leaves_a_torn_dump_json(tmp_path):
             dump = json.loads(path.read_text())  # whole, parseable
             assert len(dump["data"]) == 401
     assert (tmp_path / "step0" / "rank0" / "dump.json").exists()
+
+
+def test_dump_json_text_one_entry_per_line_and_round_trips():
+    from agent.dump_writer import dumps_json
+    doc = {"task": "statistics", "level": "L0", "framework": "mindspore", "dump_data_dir": None,
+           "data": {"A.forward.0": {"output": [{"Max": float("nan"), "name": "é"}]}, "B.backward.0": {}}}
+    text = dumps_json(doc)
+    lines = text.splitlines()
+    assert lines[0] == "{" and lines[-1] == "}"
+    assert sum(line.startswith('  "A.forward.0": ') for line in lines) == 1
+    assert sum(line.startswith('  "B.backward.0": ') for line in lines) == 1
+    back = json.loads(text)
+    assert list(back) == list(doc) and back["data"]["B.backward.0"] == {}
+    assert np.isnan(back["data"]["A.forward.0"]["output"][0]["Max"])
+    assert back["data"]["A.forward.0"]["output"][0]["name"] == "é"
+    assert json.loads(dumps_json({})) == {} and json.loads(dumps_json({"data": {}})) == {"data": {}}
+    with pytest.raises(TypeError, match="not JSON serialisable"):
+        dumps_json({"data": {"x": object()}})
