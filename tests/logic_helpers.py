@@ -28,6 +28,20 @@ def view_of(batches: list[StepBatch], settings: CoordinatorSettings | None = Non
     return view
 
 
+class StepJudge:
+    """One aligner kept across steps (names are sent once per rank, as on the wire)."""
+
+    def __init__(self, settings: CoordinatorSettings | None = None) -> None:
+        self.aligner = StepAligner(settings or CoordinatorSettings())
+
+    def view(self, batches: list[StepBatch]) -> StepView:
+        for b in batches:
+            self.aligner.ingest(b, 0.0)
+        [(grp, view)] = self.aligner.ready(0.0, force=True)
+        grp.prev = view
+        return view
+
+
 def feed_step(core: CoordinatorCore, clock: FakeClock, batches: list[StepBatch], dt: float = 0.1) -> list[Verdict]:
     for b in batches:
         core.on_step(b)

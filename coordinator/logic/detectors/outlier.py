@@ -46,23 +46,53 @@ class OutlierDetector:
         self.log_ratio = math.log(settings.ratio)
         self.log_hist_ratio = math.log(settings.history_ratio)
 
-    def _peer(self, y: np.ndarray, z: float, log_floor: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _peer(self, y: np.ndarray, z: float, log_floor: float, kinds: np.ndarray,
+              tails: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         n = np.isfinite(y).sum(axis=0)
         med = nanmedian0(y)
         ad = np.abs(y - med[None, :])
         mad = nanmedian0(ad)
+        floor = self._tail_floor(tails, kinds, log_floor)
         with np.errstate(invalid="ignore"):
-            flag = (ad > z * _SIGMA * mad[None, :]) & (ad > log_floor) & (n >= self.s.min_ranks)[None, :]
-        return flag, med, mad
+            flag = (ad > z * _SIGMA * mad[None, :]) & (ad > floor[None, :]) & (n >= self.s.min_ranks)[None, :]
+        self._tail_update(tails, kinds, np.where(flag | ~np.isfinite(ad), -np.inf, ad))
+        return flag, med, mad, floor
+
+    # Heavy-tailed values (a local loss late in a small-batch classification run can swing
+    # 10x between micro-batches) would defeat any fixed floor. So each kind (loss, local
+    # grad norms, activation norms) learns its typical largest deviation per step (EWMA of
+    # the max |log ratio| over ranks and columns, flagged values excluded) and the floor
+    # rises to ``tail_factor`` times that: a x10 rank where nothing moves more than 1.5x is
+    # found; where 10x swings are routine it is not a finding. Until a kind has
+    # _TAIL_WARMUP steps of history the floor is ratio squared, since nothing is known yet
+    # about its tails.
+    _TAIL_ALPHA = 0.05
+    _TAIL_WARMUP = 5
+
+    def _tail_floor(self, tails: dict, kinds: np.ndarray, log_floor: float) -> np.ndarray:
+        ew = tails.setdefault("ew", np.zeros(16))
+        cnt = tails.setdefault("n", np.zeros(16, np.int64))
+        learned = cnt[kinds] >= self._TAIL_WARMUP
+        return np.where(learned, np.maximum(log_floor, self.s.tail_factor * ew[kinds]), 2 * log_floor)
+
+    def _tail_update(self, tails: dict, kinds: np.ndarray, ad: np.ndarray) -> None:
+        ew, cnt = tails["ew"], tails["n"]
+        colmax = ad.max(axis=0, initial=-np.inf)
+        for k in np.unique(kinds):
+            m = colmax[kinds == k].max()
+            if np.isfinite(m):
+                ew[k] = m if cnt[k] == 0 else ew[k] + self._TAIL_ALPHA * (m - ew[k])
+                cnt[k] += 1
 
     def judge(self, view: StepView, state: dict) -> list[Verdict]:
         cols = np.flatnonzero(kind_mask(view.kind, _KINDS))
         if cols.shape[0] == 0:
             return []
         y = log_values(view, cols)
-        flag_peer, med, mad = self._peer(y, self.s.z, self.log_ratio)
+        kinds = view.kind[cols].astype(np.int64)
+        flag_peer, med, mad, floor = self._peer(y, self.s.z, self.log_ratio, kinds, state.setdefault("tail", {}))
         view.cache["log_norms"] = (cols, y, med)  # reused by the report series
-        flag_hist, level = self._history(y, cols, state, view.ranks.shape[0])
+        flag_hist, level = self._history(y, cols, kinds, state, view.ranks.shape[0])
         flag = flag_peer | flag_hist
         if not flag.any():
             return []
@@ -81,12 +111,13 @@ class OutlierDetector:
             "robust_z": num(abs(y[row, j] - med[j]) / (_SIGMA * mad[j])) if mad[j] > 0 else "inf",
             "rank_history_level": num(math.exp(level[row, j])) if np.isfinite(level[row, j]) else None,
             "thresholds": {"z": self.s.z, "ratio": self.s.ratio, "history_z": self.s.history_z,
-                           "history_ratio": self.s.history_ratio},
+                           "history_ratio": self.s.history_ratio,
+                           "effective_ratio": num(math.exp(floor[j]))},
             "group_values": group_values(view, col, np.where(view.present[:, col], vals, np.nan), [row]),
         }
         return [make_verdict(self.name, view, row, col, ties, evidence)]
 
-    def _history(self, y: np.ndarray, cols: np.ndarray, state: dict, rows: int) -> tuple[np.ndarray, np.ndarray]:
+    def _history(self, y: np.ndarray, cols: np.ndarray, kinds: np.ndarray, state: dict, rows: int) -> tuple[np.ndarray, np.ndarray]:
         """Flag changes against each rank's own EWMA level, then fold this step in."""
         k = int(cols.max()) + 1
         mean, absdev, count = state.get("mean"), state.get("absdev"), state.get("count")
@@ -105,7 +136,8 @@ class OutlierDetector:
         if self.s.history:
             d = np.where(fin & (c >= self.s.min_history), y - m, np.nan)
             if (np.isfinite(d).sum(axis=0) >= self.s.min_ranks).any():
-                flag, _, _ = self._peer(d, self.s.history_z, self.log_hist_ratio)
+                flag, _, _, _ = self._peer(d, self.s.history_z, self.log_hist_ratio, kinds,
+                                           state.setdefault("hist_tail", {}))
             else:
                 lim = np.maximum(self.s.history_z * _MEAN_ABS_TO_SIGMA * a, self.log_hist_ratio)
                 with np.errstate(invalid="ignore"):
