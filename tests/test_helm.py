@@ -425,3 +425,31 @@ def test_rendered_flags_and_keys_work_with_the_real_clis(chart, tmp_path):
     admitted = {public_key(f) for f in Path(curve["allow_dir"]).glob("*.key")}
     assert admitted == {settings.coordinator_curve.public}
     assert cargs.on_divergence == "pause" and cargs.job == "default"
+
+
+def _all_containers(objs: dict) -> list[dict]:
+    pods = [daemonset(objs)["spec"]["template"]["spec"], head_pod(objs)]
+    return [c for pod in pods for c in pod.get("initContainers", []) + pod["containers"]]
+
+
+def test_rendered_scripts_and_probes_parse(chart, tmp_path):
+    import shutil
+    import subprocess
+    objs, _ = render(chart)
+    scripts = [c["command"][2] for c in _all_containers(objs)
+               if c.get("command", [])[:2] == ["/bin/sh", "-c"]]
+    assert len(scripts) == 3  # coordinator sidecar, agent, host-dir preparation
+    for i, script in enumerate(scripts):
+        path = tmp_path / f"script{i}.sh"
+        path.write_text(script)
+        out = subprocess.run(["sh", "-n", str(path)], capture_output=True, text=True)
+        assert out.returncode == 0, out.stderr
+        if shutil.which("shellcheck"):
+            out = subprocess.run(["shellcheck", "--shell=sh", str(path)], capture_output=True, text=True)
+            assert out.returncode == 0, script + out.stdout
+    probes = [c[kind]["exec"]["command"] for c in _all_containers(objs)
+              for kind in ("readinessProbe", "livenessProbe") if "exec" in c.get(kind, {})]
+    python_probes = [p[2] for p in probes if p[:2] == ["python3", "-c"]]
+    assert python_probes
+    for code in python_probes:
+        compile(code, "probe", "exec")

@@ -121,3 +121,8 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 - {{ . | quote }}
 {{- end }}
 {{- end }}
+
+{{/* Ray head health: the raylet (via the dashboard agent) and the GCS (via the dashboard). */}}
+{{- define "rankscope.rayHealthCheck" -}}
+import urllib.request as u; [u.urlopen(x, timeout=2).read() for x in ("http://127.0.0.1:52365/api/local_raylet_healthz", "http://127.0.0.1:8265/api/gcs_healthz")]
+{{- end }}
