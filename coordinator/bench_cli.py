@@ -179,7 +179,7 @@ def run_ingest(ranks: int, tensors: int, steps: int, *, nodes: int | None = None
             ray.shutdown()
 
 
-def _wait(coord: Any, cond, timeout_s: float, must: bool = True) -> dict | None:
+def _wait(coord: Any, cond, timeout_s: float, must: bool = True, every: float = 0.05) -> dict | None:
     import ray
     deadline = time.monotonic() + timeout_s
     while True:
@@ -191,7 +191,7 @@ def _wait(coord: Any, cond, timeout_s: float, must: bool = True) -> dict | None:
                 raise TimeoutError(f"bench: coordinator did not get there within {timeout_s}s: "
                                    f"{ {k: st.get(k) for k in ('metrics', 'last_judged_step', 'rejected')} }")
             return None
-        time.sleep(0.01)
+        time.sleep(every)  # status() runs on the ingest thread: poll gently
 
 
 def main(argv: list[str]) -> int:

@@ -166,3 +166,81 @@ def test_start_joins_a_running_coordinator_and_bad_settings_name_the_field(tmp_p
         start_coordinator(str(tmp_path), {"on_divergence": "explode"}, name="bad", namespace=NS)
     with pytest.raises(ValueError, match="no coordinator actor named 'nobody'"):
         get_coordinator("nobody", NS)
+
+
+def _rank_process(endpoint: str, job: str, claimed: int, steps: int, fault_step: int, bundle_root: str,
+                  results) -> None:
+    """A rank as the probe runs it: AgentClient + StepGate, a NaN local gradient on rank 1."""
+    from agent.client import AgentClient, RankClaim
+    from agent.control import GateState, StepGate
+    from agent.rdr.bundle import write_bundle
+    from agent.records import Kind, NameTable, StepBatchBuilder, StepOutput
+
+    paused_at: list[int] = []
+    gate = StepGate(on_state=lambda state, step: paused_at.append(step) if state is GateState.PAUSED else None)
+    client = AgentClient(endpoint, job, gate, heartbeat_s=0.2,
+                         on_export=lambda incident: [write_bundle(bundle_root, rank, reason=f"export {incident}",
+                                                                  steps=[])])
+    rank = client.register(RankClaim.here(claimed, world_size=3), timeout=20)
+    names = NameTable()
+    builder = StepBatchBuilder(names)
+    for step in range(steps):
+        builder.add("Sentinel.loss", Kind.LOSS, (2.0, 2.0, 2.0, 2.0), numel=1)
+        for i in range(4):
+            bad = rank == 1 and step == fault_step and i == 2
+            builder.add(f"Grad.local.layer{i}", Kind.GRAD_LOCAL,
+                        (float("nan"),) * 4 if bad else (0.1, -0.1, 0.0, 1.0 + 0.01 * rank), nan=3 if bad else 0,
+                        numel=64)
+        client.emit(StepOutput(builder.build(job, rank, step), f"rank{rank}"))
+        gate.at_step_boundary(step)
+        time.sleep(0.05)
+    time.sleep(0.5)
+    client.close()
+    results.put({"claimed": claimed, "rank": rank, "paused_at": paused_at})
+
+
+def test_real_node_agent_and_rank_clients_pause_export_and_resume(tmp_path):
+    """The whole path with H3's real node agent (a process) and real rank clients (processes)."""
+    import multiprocessing as mp
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    job = "jobR"
+    h = start_coordinator(str(tmp_path / "export"), {"on_divergence": "export", "pause_timeout_s": 30,
+                                                     "export_timeout_s": 30},
+                          name="real-agent", namespace=NS, job=job)
+    sock = tmp_path / "agent.sock"
+    agent = subprocess.Popen(
+        [sys.executable, "-m", "coordinator.cli", "agent", "--coordinator", ray.get(h.endpoint.remote()),
+         "--listen", f"ipc://{sock}", "--job", job, "--spool", str(tmp_path / "spool"),
+         "--bundle-dir", str(tmp_path / "agent_bundles"), "--settle", "0.1", "--log-level", "WARNING"],
+        cwd=Path(__file__).resolve().parents[1], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    procs = []
+    try:
+        wait_for(lambda: sock.exists() or agent.poll() is not None)
+        assert agent.poll() is None, agent.stderr.read().decode()[-2000:]
+        ctx = mp.get_context("spawn")
+        results = ctx.Queue()
+        procs = [ctx.Process(target=_rank_process, args=(f"ipc://{sock}", job, r, 40, 3,
+                                                         str(tmp_path / "rank_bundles"), results))
+                 for r in range(3)]
+        for p in procs:
+            p.start()
+        done = sorted((results.get(timeout=120) for _ in procs), key=lambda d: d["rank"])
+        assert [d["rank"] for d in done] == [0, 1, 2]
+        assert all(d["paused_at"] for d in done), done  # every rank really blocked at a boundary
+        inc = wait_for(lambda: _incident(h, "resumed"))
+        assert (inc["first_diverging_rank"], inc["step"], inc["detector"]) == (1, 3, "nan_origin")
+        assert sorted(inc["bundles"], key=int) == ["0", "1", "2"]
+        d = Path(inc["dir"])
+        assert all((d / f"rank_{r}" / "rdr" / "manifest.json").is_file() for r in range(3))
+        assert json.loads((d / "incident.json").read_text())["missing_bundles"] == []
+    finally:
+        for p in procs:
+            p.join(10)
+            if p.is_alive():
+                p.kill()
+        agent.terminate()
+        agent.wait(10)
+        _stop(h)
