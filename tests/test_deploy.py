@@ -435,6 +435,10 @@ def test_dockerfile_structure():
     # The MindSpore the image installs is the one rankscope pins.
     pin = re.search(r'"(mindspore==[^"]+)"', (ROOT / "pyproject.toml").read_text()).group(1)
     assert ("ARG", f'MINDSPORE_SPEC="{pin}"') in ins
+    # The Ray it installs is the release the chart's RayCluster declares.
+    ray_pin = next(rest for w, rest in ins if w == "ARG" and rest.startswith("RAY_SPEC="))
+    values = yaml.safe_load((ROOT / "helm" / "rankscope" / "values.yaml").read_text())
+    assert ray_pin == f'RAY_SPEC="ray[default]=={values["ray"]["version"]}"'
     # The uid is the one the chart's securityContext runs as.
     uid = next(rest.split("=")[1] for w, rest in ins if w == "ARG" and rest.startswith("RANKSCOPE_UID="))
     values = yaml.safe_load((ROOT / "helm" / "rankscope" / "values.yaml").read_text())
