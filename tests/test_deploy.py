@@ -453,6 +453,20 @@ def test_dockerfile_structure():
                 assert f"!{src}" in ignore or f"!{src}/**" in ignore, f"{src} is excluded by the .dockerignore"
 
 
+def test_dockerfile_run_steps_are_valid_sh(tmp_path):
+    # What hadolint does with ShellCheck, without hadolint: RUN lines run under /bin/sh.
+    runs = [rest for w, rest in dockerfile_instructions() if w == "RUN"]
+    assert runs
+    for i, script in enumerate(runs):
+        path = tmp_path / f"run{i}.sh"
+        path.write_text(script + "\n")
+        out = subprocess.run(["sh", "-n", str(path)], capture_output=True, text=True)
+        assert out.returncode == 0, script + out.stderr
+        if shutil.which("shellcheck"):
+            out = subprocess.run(["shellcheck", "--shell=sh", str(path)], capture_output=True, text=True)
+            assert out.returncode == 0, script + out.stdout
+
+
 @pytest.mark.skipif(shutil.which("hadolint") is None, reason="hadolint not installed")
 def test_hadolint():
     out = subprocess.run(["hadolint", str(DOCKERFILE)], capture_output=True, text=True)
