@@ -126,10 +126,8 @@ class AutoSession:
         dbg = self.debugger
         dbg.sentinels.on_grad_fn = self._on_grad_fn
         dbg.sentinels.on_optimizer_done = self._on_optimizer_done
-        # Sentinel patches first (value_and_grad, Optimizer/Reducer constructors), so
-        # the objects the script creates next are seen.
-        if dbg.config.cluster.sentinels:
-            dbg.sentinels.attach()
+        # The debugger attached its sentinel patches (value_and_grad, Optimizer/Reducer
+        # constructors) already, so the objects the script creates next are seen.
         self._patch_model()
 
     # ------------------------------------------------------------------ model

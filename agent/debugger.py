@@ -72,10 +72,11 @@ class PrecisionDebugger:
                 self._identified = self.client is not None
                 if self.client is not None:
                     self.sinks.append(self.client)
-        if cfg.cluster.sentinels:
-            # Now, not at start(): the value_and_grad patch must be in place before the
-            # script builds its grad function, or the loss is never seen.
-            self._guard("attaching sentinels", self.sentinels.attach)
+        # Now, not at start(): the value_and_grad patch must be in place before the
+        # script builds its grad function, or the loss is never seen. Attached even with
+        # sentinels off: the optimizer hook is where queued parameter reads happen.
+        self.sentinels.record = cfg.cluster.sentinels
+        self._guard("attaching sentinels", self.sentinels.attach)
         PrecisionDebugger.current = self
 
     # ------------------------------------------------------------------ API
@@ -88,7 +89,7 @@ class PrecisionDebugger:
         if not self._identified or rank_id is not None:
             self._identify(rank_id)
         cfg = self.config
-        if cfg.cluster.sentinels and not self.sentinels.enabled:
+        if not self.sentinels.enabled:
             self._guard("attaching sentinels", self.sentinels.attach)
         if model is not None and cfg.level in ("L0", "mix"):
             self._guard("attaching cell hooks", lambda: self.cells.attach(model))

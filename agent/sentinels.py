@@ -28,6 +28,9 @@ class Sentinels:
     def __init__(self, rec: Recorder, on_optimizer_done: Callable[[], None] | None = None) -> None:
         self.rec = rec
         self.enabled = False
+        #: False (cluster.sentinels off): the hooks stay, only to read queued tensors
+        #: before the optimizer changes parameters in place; nothing is recorded.
+        self.record = True
         self.on_optimizer_done = on_optimizer_done  # autoattach: the optimizer call ends a step
         self._handles: list[Any] = []
         self._hooked: "weakref.WeakSet[Any]" = weakref.WeakSet()
@@ -157,7 +160,7 @@ class Sentinels:
 
     def record_loss(self, loss: Any) -> None:
         """For callers that see the loss directly (the Model.train callback)."""
-        if self.enabled and loss is not None and not self._loss_recorded:
+        if self.enabled and self.record and loss is not None and not self._loss_recorded:
             try:
                 self.rec.row("Sentinel.loss", Kind.LOSS, loss)
                 self._loss_recorded = True
@@ -170,6 +173,8 @@ class Sentinels:
         r = self.rec
         try:
             r.resolve()  # forward params must be read before the update below
+            if not self.record:
+                return None
             model_ids = set()
             for p in getattr(opt, "parameters", ()):
                 model_ids.add(id(p))
@@ -197,7 +202,7 @@ class Sentinels:
         return None
 
     def _reducer_hook(self, reducer: Any, args: tuple, output: Any) -> None:
-        if not self.enabled:
+        if not self.enabled or not self.record:
             return None
         try:
             names = self._reducer_names.get(reducer) or self._optimizer_names(len(output))

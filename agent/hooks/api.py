@@ -155,7 +155,7 @@ class ApiHooks:
                 r.put(name, entry)
             finally:
                 hooks.depth -= 1
-            if r.wants_io("backward", "input"):
+            if r.wants_io("backward", "input") and r.wants(f"{api_name}.{n}.backward"):
                 self._hook_backward(f"{api_name}.{n}.backward", out)
         except Exception as exc:  # noqa: BLE001
             r.error(f"{api_name} API hook", exc)

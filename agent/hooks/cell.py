@@ -132,7 +132,7 @@ class CellHooks:
                 pending = rec._pending_bwd.get(prefix)
                 n = pending.pop() if pending else 0
                 name = f"{prefix}.backward.{n}"
-                if not r.wants(name):
+                if not r.wants(name) or "backward" not in r._dirs:  # noqa: SLF001
                     return None
                 entry: dict[str, Any] = {"input": [], "output": []}
                 # msProbe: backward "input" is the grad of the forward output.
