@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import signal
+import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -69,7 +70,10 @@ def curve_keys(secret: Path | None, allow_dir: Path | None) -> dict | None:
     return {"public": keys.public, "secret": keys.secret, "allow_dir": str(allow_dir.resolve())}
 
 
-def connect_ray(address: str | None, namespace: str) -> None:
+def connect_ray(address: str | None, namespace: str, detached: bool) -> None:
+    """Join ``address`` (or a running local cluster); else start one. A detached
+    coordinator needs a cluster that outlives this command, so then a Ray head is
+    started with ``ray start --head`` rather than inside this process."""
     import ray
     if ray.is_initialized():
         return
@@ -78,7 +82,13 @@ def connect_ray(address: str | None, namespace: str) -> None:
             ray.init(address="auto", namespace=namespace, log_to_driver=False)
             return
         except (ConnectionError, RuntimeError):
-            pass  # no running cluster: start a local one
+            pass  # no running cluster
+        if detached:
+            ray_cli = Path(sys.executable).with_name("ray")
+            subprocess.run([str(ray_cli), "start", "--head", "--include-dashboard=false", "--disable-usage-stats"],
+                           check=True, stdout=subprocess.DEVNULL)
+            ray.init(address="auto", namespace=namespace, log_to_driver=False)
+            return
     ray.init(address=address, namespace=namespace, include_dashboard=False, log_to_driver=False)
 
 
@@ -89,7 +99,12 @@ def main(argv: list[str]) -> int:
     import ray
 
     from coordinator.actor import start_coordinator
-    connect_ray(args.address, args.namespace)
+    connect_ray(args.address, args.namespace, args.detached)
+    # Ours, not Ray's (which exits at once): stop the actor cleanly. Installed before the
+    # endpoint is announced, so a supervisor that signals right after sees a clean stop.
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
     export_dir = args.export_dir.resolve()
     handle = start_coordinator(str(export_dir), cluster, name=args.name, namespace=args.namespace,
                                bind=args.bind, detached=args.detached, job=args.job, curve=curve)
@@ -97,16 +112,13 @@ def main(argv: list[str]) -> int:
     if args.endpoint_file is not None:
         args.endpoint_file.write_text(endpoint + "\n")
     restored = ray.get(handle.incidents.remote())
-    print(f"rankscope coordinator {args.namespace}/{args.name} listening on {endpoint}", flush=True)
+    print(f"rankscope coordinator {args.namespace}/{args.name} listening on {endpoint} "
+          f"(Ray {ray.get_runtime_context().gcs_address})", flush=True)
     print(f"  export dir: {export_dir}; incidents on disk: {len(restored)}", flush=True)
     print(f"  node agents: rankscope agent --coordinator {endpoint} ...", flush=True)
     if args.detached:
-        print("  detached: stop it with `ray.kill(ray.get_actor(...))` or by stopping the Ray cluster",
-              flush=True)
+        print("  detached: it keeps running; `rankscope status` talks to it, `ray stop` ends it", flush=True)
         return 0
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
     try:
         while not stop.wait(2.0):
             try:

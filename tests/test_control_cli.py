@@ -155,3 +155,37 @@ def test_real_cli_process_finds_the_coordinator_by_address(cluster):
 def test_no_coordinator_is_a_clear_error(cluster, capsys):
     assert control_cli.main(["status", "--namespace", "nobody-here"]) == 1
     assert "none" in capsys.readouterr().err
+
+
+def test_rankscope_coordinator_serves_until_sigterm_and_detached_outlives_its_command(cluster, tmp_path):
+    import signal
+    gcs = ray.get_runtime_context().gcs_address
+    base = [sys.executable, "-m", "coordinator.cli", "coordinator", "--address", gcs, "--namespace", NS,
+            "--export-dir", str(tmp_path)]
+    ep_file = tmp_path / "endpoint"
+    proc = subprocess.Popen([*base, "--name", "served", "--endpoint-file", str(ep_file), "--job", "jobS"],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: ep_file.exists() or proc.poll() is not None, timeout=120)
+        assert proc.poll() is None, proc.stderr.read()[-2000:]
+        served = ray.get_actor("served", namespace=NS)
+        assert ray.get(served.endpoint.remote()) == ep_file.read_text().strip()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0
+        with pytest.raises(Exception):  # stopped with its command
+            ray.get(ray.get_actor("served", namespace=NS).ping.remote(), timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    out = subprocess.run([*base, "--name", "served-detached", "--detached", "--on-divergence", "terminate"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "listening on tcp://127.0.0.1:" in out.stdout
+    detached = ray.get_actor("served-detached", namespace=NS)
+    try:
+        assert ray.get(detached.ping.remote(), timeout=30) is True
+    finally:
+        ray.kill(detached)
+    bad = subprocess.run([*base, "--name", "x", "--on-divergence", "explode"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=60)
+    assert bad.returncode == 2 and "--on-divergence" in bad.stderr
