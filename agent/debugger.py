@@ -72,6 +72,7 @@ class PrecisionDebugger:
                 self._identified = self.client is not None
                 if self.client is not None:
                     self.sinks.append(self.client)
+        self.rdr = self._install_rdr()
         # Now, not at start(): the value_and_grad patch must be in place before the
         # script builds its grad function, or the loss is never seen. Attached even with
         # sentinels off: the optimizer hook is where queued parameter reads happen.
@@ -176,6 +177,11 @@ class PrecisionDebugger:
                 sink.close()
             except Exception:  # noqa: BLE001
                 pass
+        if self.rdr is not None:
+            try:
+                self.rdr.uninstall()
+            except Exception:  # noqa: BLE001
+                pass
         if PrecisionDebugger.current is self:
             PrecisionDebugger.current = None
 
@@ -192,6 +198,23 @@ class PrecisionDebugger:
         except Exception as exc:  # noqa: BLE001 - attach problems never stop training
             self.recorder.error(what, exc)
             log.warning("rankscope: %s failed: %r", what, exc)
+
+    def _install_rdr(self) -> Any:
+        """H4's crash recorder when ``rdr`` (config or MS_RDR_* env) enables it."""
+        try:
+            from agent.rdr.recorder import RdrRecorder
+            from agent.rdr.settings import resolve_rdr
+        except ImportError:
+            return None
+        settings = resolve_rdr(self.config.rdr)  # a bad section raises ConfigError here
+        if not settings.enable:
+            return None
+        try:
+            return RdrRecorder(settings, flight_recorder=self.flight_recorder,
+                               config=self.config.to_dict()).install()
+        except Exception as exc:  # noqa: BLE001
+            self.recorder.error("installing the RDR recorder", exc)
+            return None
 
     def _on_token(self, index: int, in_range: bool) -> None:
         self.recorder.token = index
@@ -217,6 +240,11 @@ class PrecisionDebugger:
         old = self._label
         self.rank = rank
         self._label = rank_label(rank)
+        if rank is not None and getattr(self, "rdr", None) is not None:
+            try:
+                self.rdr.set_rank(rank)
+            except Exception as exc:  # noqa: BLE001
+                self.recorder.error("moving the RDR bundle to the rank", exc)
         if old != self._label and old.startswith("proc"):
             try:
                 self.writer.rename_rank_folder(old, self._label)
@@ -245,9 +273,8 @@ class PrecisionDebugger:
         from pathlib import Path
         from agent.rdr.bundle import write_bundle
         root = Path(self.config.dump_path).absolute() / "rankscope_export" / str(incident_id)
-        steps = self.flight_recorder.steps() if self.flight_recorder is not None else []
         bundle = write_bundle(root, self.rank if self.rank is not None else self._label,
-                              reason=f"export for incident {incident_id}", steps=steps,
+                              reason=f"export for incident {incident_id}", steps=self.flight_recorder or (),
                               config=self.config.to_dict())
         return [p for p in Path(bundle).rglob("*") if p.is_file()]
 
