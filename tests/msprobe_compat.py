@@ -140,8 +140,9 @@ def _is_leaf(node: Any) -> bool:
     return isinstance(node, dict) and isinstance(node.get("type"), str)
 
 
-def _walk(node: Any, name: str, out: dict[str, dict], tensor_names: bool, in_grad: bool) -> None:
+def _walk(node: Any, name: str, out: dict[str, dict | None], tensor_names: bool, in_grad: bool) -> None:
     if node is None:
+        out[name] = None  # msProbe still lists it: a row of N/A ("unsupported")
         return
     if _is_leaf(node):
         data_name = node.get("data_name")
@@ -160,12 +161,14 @@ _IO_SUFFIX = {"input_args": ".input", "input_kwargs": ".input", "input": ".input
               "output": ".output", "parameters": ".parameters"}
 
 
-def expected_rows(entries: dict[str, dict], tensor_names: bool = False) -> dict[str, dict]:
-    """msProbe's row name -> our leaf dict, for every tensor leaf in dump.json entries.
+def expected_rows(entries: dict[str, dict], tensor_names: bool = False) -> dict[str, dict | None]:
+    """msProbe's row name -> our leaf dict, for every leaf in dump.json entries.
 
     ``tensor_names`` names rows after ``data_name`` as msProbe does in tensor mode.
+    A ``None`` leaf (e.g. a backward output MindSpore did not compute) maps to None:
+    msProbe lists it as a row without values.
     """
-    out: dict[str, dict] = {}
+    out: dict[str, dict | None] = {}
     for entry, body in entries.items():
         parts = entry.split(".")
         if parts[-1] == "parameters_grad" or (len(parts) >= 2 and parts[-2] == "parameters_grad"):

@@ -7,6 +7,7 @@ different, with the numbers we wrote.
 """
 from __future__ import annotations
 
+import importlib.util
 import math
 import zlib
 
@@ -150,12 +151,24 @@ def test_statistics_dumps_compare_row_for_row(tmp_path, tensors):
         assert STACK[1] in first["NPU_Stack_Info"], entry
 
 
-def test_md5_dumps_compare_crc32_per_row(tmp_path, tensors):
-    npu = write_dump(tmp_path / "npu", tensors["npu"], "statistics", summary_mode="md5")
-    bench = write_dump(tmp_path / "bench", tensors["bench"], "statistics", summary_mode="md5")
-    rows = by_name(read_compare_result(
-        run_msprobe_compare(tmp_path / "npu", tmp_path / "bench", tmp_path / "out")))
-    exp_npu, exp_bench = expected_rows(npu), expected_rows(bench)
+@pytest.fixture(scope="module")
+def statistics_step(tmp_path_factory, tensors):
+    """One msProbe multi-rank run over a statistics step: rank0 in md5 summary mode,
+    rank1 written as proc{pid} and renamed once its rank was known (identical data)."""
+    root = tmp_path_factory.mktemp("stats")
+    entries = {}
+    for side in ("npu", "bench"):
+        entries[side, "rank0"] = write_dump(root / side, tensors[side], "statistics", summary_mode="md5")
+        entries[side, "rank1"] = write_dump(root / side, tensors["bench"], "statistics", label="proc4242")
+        assert DumpWriter(root / side).rename_rank_folder("proc4242", "rank1") == []
+    results = run_msprobe_compare_ranks(root / "npu" / "step0", root / "bench" / "step0", root / "out")
+    return entries, results
+
+
+def test_md5_dumps_compare_crc32_per_row(statistics_step):
+    entries, results = statistics_step
+    rows = by_name(read_compare_result(results["rank0"]))
+    exp_npu, exp_bench = expected_rows(entries["npu", "rank0"]), expected_rows(entries["bench", "rank0"])
     assert set(rows) == set(exp_npu)
     for name, row in rows.items():
         assert row["NPU MD5"] == exp_npu[name]["md5"] and row["BENCH MD5"] == exp_bench[name]["md5"]
@@ -164,29 +177,95 @@ def test_md5_dumps_compare_crc32_per_row(tmp_path, tensors):
     assert sum(r["Result"] == "pass" for r in rows.values()) not in (0, len(rows))
 
 
-def test_tensor_dumps_compare_real_data_including_mapped_long_names(tmp_path, tensors):
-    npu = write_dump(tmp_path / "npu", tensors["npu"], "tensor", long_names=True)
-    bench = write_dump(tmp_path / "bench", tensors["bench"], "tensor", long_names=True)
-    exp_npu = expected_rows(npu, tensor_names=True)
-    mapped = [k for k in exp_npu if k.isdigit()]
-    assert mapped and all(len(k) == 32 for k in mapped)  # fc1's names were too long for a file
-    assert any(len(k) + 4 > MAX_FILE_NAME for k in expected_rows(npu))
-    # A step folder: msProbe's multi-rank route, reading .npy files by data_name.
-    results = run_msprobe_compare_ranks(tmp_path / "npu" / "step0", tmp_path / "bench" / "step0", tmp_path / "o")
-    assert list(results) == ["rank0"]
-    rows = by_name(read_compare_result(results["rank0"]))
+def test_multi_rank_step_with_renamed_proc_folder(statistics_step):
+    entries, results = statistics_step
+    assert sorted(results) == ["rank0", "rank1"]
+    rows = by_name(read_compare_result(results["rank1"]))
+    exp_npu, exp_bench = expected_rows(entries["npu", "rank1"]), expected_rows(entries["bench", "rank1"])
     assert set(rows) == set(exp_npu)
-    ndir = tmp_path / "npu" / "step0" / "rank0" / "dump_tensor_data"
-    bdir = tmp_path / "bench" / "step0" / "rank0" / "dump_tensor_data"
     for name, row in rows.items():
-        data_name = exp_npu[name]["data_name"]
-        assert row["Data_name"].strip("[]'\" ").split("'")[0] == data_name
-        a = np.load(ndir / data_name).astype(np.float64)
-        b = np.load(bdir / data_name).astype(np.float64)
+        assert close(row["NPU max"], exp_npu[name]["Max"]) and close(row["Bench max"], exp_bench[name]["Max"])
+        assert float(row["Max diff"]) == 0 and row["Result"] == "pass"
+
+
+# A real training script under rankscope's PrecisionDebugger (the msProbe loop of seeds/001).
+_DEBUGGER_RUN = r"""
+import sys
+import numpy as np
+import mindspore as ms
+from mindspore import nn, Tensor
+from agent import PrecisionDebugger, seed_all
+
+seed_all(int(sys.argv[3]))
+debugger = PrecisionDebugger(dump_path=sys.argv[1], task=sys.argv[2], level="L0")
+net = nn.SequentialCell([nn.Dense(16, 32), nn.ReLU(), nn.Dense(32, 4)])
+opt = nn.Adam(net.trainable_params(), 1e-2)
+loss_fn = nn.MSELoss()
+grad_fn = ms.value_and_grad(lambda x, y: loss_fn(net(x), y), None, opt.parameters)
+for _ in range(2):
+    debugger.start(net)
+    x = Tensor(np.random.standard_normal((8, 16)).astype(np.float32))
+    y = Tensor(np.random.standard_normal((8, 4)).astype(np.float32))
+    loss, grads = grad_fn(x, y)
+    opt(grads)
+    debugger.stop()
+    debugger.step()
+assert debugger.hook_errors == 0 and debugger.writer.errors == 0
+"""
+
+
+
+@pytest.fixture(scope="module")
+def tensor_step(tmp_path_factory, tensors):
+    """One msProbe multi-rank run over a tensor step: rank0 synthetic with >255-char names,
+    rank1 two real training runs (different seeds) under rankscope's PrecisionDebugger."""
+    import os
+    import subprocess
+    import sys
+    root = tmp_path_factory.mktemp("tensor")
+    entries = {side: write_dump(root / side, tensors[side], "tensor", long_names=True) for side in ("npu", "bench")}
+    debugger = importlib.util.find_spec("agent.debugger") is not None
+    if debugger:
+        repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        for side, seed in (("npu", "1"), ("bench", "2")):
+            subprocess.run([sys.executable, "-c", _DEBUGGER_RUN, str(root / side), "tensor", seed],
+                           cwd=repo, check=True, capture_output=True,
+                           env={**os.environ, "RANK_ID": "1", "GLOG_v": "3"})
+    results = run_msprobe_compare_ranks(root / "npu" / "step0", root / "bench" / "step0", root / "out")
+    return root, entries, results, debugger
+
+
+def check_tensor_rows(rows: dict, expected: dict, ndir, bdir) -> int:
+    """Every row is one of our leaves; numbers match our stats and our .npy files."""
+    assert set(rows) == set(expected)
+    compared = 0
+    for name, leaf in expected.items():
+        row = rows[name]
+        if leaf is None:
+            assert row["MaxAbsErr"] == "unsupported"
+            continue
+        assert row["Data_name"].strip("[]'\" ").split("'")[0] == leaf["data_name"]
+        assert close(row["NPU max"], leaf["Max"]) and close(row["NPU l2norm"], leaf["Norm"]), name
+        a = np.load(ndir / leaf["data_name"]).astype(np.float64)
+        b = np.load(bdir / leaf["data_name"]).astype(np.float64)
         assert close(row["MaxAbsErr"], np.abs(a - b).max()), name
         assert close(row["EucDist"], np.linalg.norm(a - b)), name
         if np.array_equal(a, b):
             assert float(row["Cosine"]) == pytest.approx(1.0) and row["Result"] == "pass", name
+        compared += 1
+    return compared
+
+
+def test_tensor_dumps_compare_real_data_including_mapped_long_names(tensor_step):
+    root, entries, results, _ = tensor_step
+    npu = entries["npu"]
+    exp_npu = expected_rows(npu, tensor_names=True)
+    mapped = [k for k in exp_npu if k.isdigit()]
+    assert mapped and all(len(k) == 32 for k in mapped)  # fc1's names were too long for a file
+    assert any(len(k) + 4 > MAX_FILE_NAME for k in expected_rows(npu))
+    rows = by_name(read_compare_result(results["rank0"]))
+    rdir = ("step0", "rank0", "dump_tensor_data")
+    assert check_tensor_rows(rows, exp_npu, root.joinpath("npu", *rdir), root.joinpath("bench", *rdir)) == 14
     # fc1's forward (long, mapped names) is upstream of the change: identical data, read
     # through the mapped file names; its gradients are downstream and differ.
     fc1_fwd = [leaf["data_name"][:-4] for name, leaf in expected_rows(npu).items()
@@ -197,25 +276,22 @@ def test_tensor_dumps_compare_real_data_including_mapped_long_names(tmp_path, te
     assert float(rows["Cell.fc2.Dense.forward.0.output.0"]["MaxAbsErr"]) > 0
 
 
-def test_multi_rank_step_and_renamed_proc_folder(tmp_path, tensors):
-    """Two ranks per step; rank1 started as proc{pid} and was renamed once its rank was known."""
-    entries = {}
-    for side in ("npu", "bench"):
-        entries[side, "rank0"] = write_dump(tmp_path / side, tensors[side], "statistics", label="rank0")
-        entries[side, "rank1"] = write_dump(tmp_path / side, tensors["bench"], "statistics", label="proc4242")
-        assert DumpWriter(tmp_path / side).rename_rank_folder("proc4242", "rank1") == []
-    results = run_msprobe_compare_ranks(tmp_path / "npu" / "step0", tmp_path / "bench" / "step0", tmp_path / "o")
+def test_precision_debugger_tensor_dumps_compare(tensor_step):
+    """Real runs under rankscope's PrecisionDebugger (different seeds), compared by msProbe."""
+    import json
+    root, _, results, debugger = tensor_step
+    if not debugger:
+        pytest.skip("agent.debugger is not in this build")
     assert sorted(results) == ["rank0", "rank1"]
-    for label, path in results.items():
-        rows = by_name(read_compare_result(path))
-        exp_npu, exp_bench = expected_rows(entries["npu", label]), expected_rows(entries["bench", label])
-        assert set(rows) == set(exp_npu)
-        for name, row in rows.items():
-            assert close(row["NPU max"], exp_npu[name]["Max"]) and close(row["Bench max"], exp_bench[name]["Max"])
-    # rank1 got identical data on both sides: msProbe passes every row.
-    assert {r["Result"] for r in read_compare_result(results["rank1"])} == {"pass"}
-    assert any(float(r["Max diff"]) != 0 for r in read_compare_result(results["rank0"]))
-    assert all(float(r["Max diff"]) == 0 for r in read_compare_result(results["rank1"]))
+    rows = by_name(read_compare_result(results["rank1"]))
+    rdir = ("step0", "rank1")
+    entries = json.loads(root.joinpath("npu", *rdir, "dump.json").read_text())["data"]
+    expected = expected_rows(entries, tensor_names=True)
+    assert any(name.startswith("Cell.0.Dense.forward.0") for name in rows)
+    assert any(".parameters_grad." in name for name in rows)
+    compared = check_tensor_rows(rows, expected, root.joinpath("npu", *rdir, "dump_tensor_data"),
+                                 root.joinpath("bench", *rdir, "dump_tensor_data"))
+    assert compared >= 12
 
 
 def test_expected_rows_naming():
@@ -230,4 +306,7 @@ def test_expected_rows_naming():
         "Functional.add.0.forward.input.0", "Functional.add.0.forward.input.1.0",
         "Functional.add.0.forward.input.1.1", "Functional.add.0.forward.input.alpha",
         "Functional.add.0.forward.output.0", "Cell.a.A.parameters_grad.0.weight", "Cell.a.A.backward.0.input.0",
+        "Cell.a.A.backward.0.output.0",
     ]
+
+

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import os
 import subprocess
@@ -12,9 +13,37 @@ import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-# One training run of a small MLP with dropout (active: train mode), written through the
-# real DumpWriter in tensor mode: params, forward output, grads and the loss of 2 steps.
-_RUN = r"""
+# One training run of a small MLP with dropout (active: train mode) under rankscope's
+# PrecisionDebugger, L0 tensor dump of 2 steps (the msProbe loop of seeds/001).
+_RUN_DEBUGGER = r"""
+import sys
+import numpy as np
+import mindspore as ms
+from mindspore import nn, Tensor
+from agent import PrecisionDebugger, seed_all
+
+if sys.argv[2] == "seed":
+    seed_all(1234)
+debugger = PrecisionDebugger(dump_path=sys.argv[1], task="tensor", level="L0")
+net = nn.SequentialCell([nn.Dense(16, 32), nn.ReLU(), nn.Dropout(p=0.5), nn.Dense(32, 4)])
+net.set_train(True)
+opt = nn.Adam(net.trainable_params(), 1e-2)
+loss_fn = nn.MSELoss()
+grad_fn = ms.value_and_grad(lambda x, y: loss_fn(net(x), y), None, opt.parameters)
+for step in range(2):
+    debugger.start(net)
+    x = Tensor(np.random.standard_normal((8, 16)).astype(np.float32))
+    y = Tensor(np.random.standard_normal((8, 4)).astype(np.float32))
+    loss, grads = grad_fn(x, y)
+    opt(grads)
+    debugger.stop()
+    debugger.step()
+assert debugger.hook_errors == 0 and debugger.writer.errors == 0
+"""
+
+# The same without the debugger (builds where agent.debugger is absent): params, grads
+# and the loss written through the real DumpWriter in tensor mode.
+_RUN_WRITER = r"""
 import sys
 import numpy as np
 import mindspore as ms
@@ -52,11 +81,12 @@ for step in range(2):
 def run_dump(tmp_path, tag: str, mode: str) -> str:
     """Run one training process; return a digest of every file of its dump."""
     root = tmp_path / tag
-    subprocess.run([sys.executable, "-c", _RUN, str(root), mode], cwd=REPO, check=True,
-                   capture_output=True, env={**os.environ, "GLOG_v": "3"})
+    script = _RUN_DEBUGGER if importlib.util.find_spec("agent.debugger") else _RUN_WRITER
+    subprocess.run([sys.executable, "-c", script, str(root), mode], cwd=REPO, check=True,
+                   capture_output=True, env={**os.environ, "GLOG_v": "3", "RANK_ID": "0"})
     digest = hashlib.sha256()
     files = sorted(p for p in root.rglob("*") if p.is_file())
-    assert len(files) >= 2 * (1 + 3 + 4 + 4)  # dump.json etc. + npy per step
+    assert len(files) >= 2 * (3 + 8)  # dump.json etc. + npy files per step
     for path in files:
         data = path.read_bytes()
         if path.name == "dump.json":  # dump_data_dir is the (different) absolute folder
