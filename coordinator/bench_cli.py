@@ -105,6 +105,25 @@ def _sender(node: int, ranks: list[int], args: dict, endpoint: str, ready: Any, 
     ctx.term()
 
 
+def inprocess_baseline(ranks: int, tensors: int, steps: int) -> float:
+    """Records/s of decode + core alone, one thread, no sockets, no Ray, on the same kind
+    of frames: the same-run baseline the actor's figure is compared with."""
+    from coordinator.logic.core import CoordinatorCore
+
+    rng = np.random.default_rng(0)
+    frames = [protocol.encode(protocol.step_message(simulated_batch("base", r, s, tensors, rng), f"rank:{r}", s))
+              for s in range(steps) for r in range(ranks)]
+    core = CoordinatorCore({})
+    for r in range(ranks):
+        core.on_register("base", r, {"world_size": ranks})
+    decoder = protocol.Decoder(job="base")
+    t0 = time.perf_counter()
+    for i in range(0, len(frames), 1024):
+        core.on_steps([protocol.step_from_message(decoder.decode(f)) for f in frames[i:i + 1024]])
+        core.tick()
+    return len(frames) * tensors / (time.perf_counter() - t0)
+
+
 def run_ingest(ranks: int, tensors: int, steps: int, *, nodes: int | None = None, fault_rank: int | None = None,
                export_dir: str | None = None, timeout_s: float = 300.0, log=print) -> dict:
     import ray
@@ -168,6 +187,9 @@ def run_ingest(ranks: int, tensors: int, steps: int, *, nodes: int | None = None
         # Let the incident finish (export times out: simulated ranks send no bundle) so
         # incident.json and report.html land in export_dir.
         ray.get(coord.drain.remote(10.0))
+        base = inprocess_baseline(ranks, tensors, min(steps, 4))
+        out["inprocess_records_per_s"] = round(base, 1)
+        out["vs_inprocess"] = round(out["records_per_s"] / base, 3)
         return out
     finally:
         try:
