@@ -31,7 +31,7 @@ from agent import protocol
 from agent.control import GateState, RankscopeTerminated, StepGate
 from agent.protocol import Message, encode
 from agent.records import StepOutput
-from agent.transport import ConnectionWatch, CurveKeys, connect_dealer
+from agent.transport import CurveKeys, connect_watched_dealer
 
 log = logging.getLogger(__name__)
 
@@ -155,12 +155,11 @@ class AgentClient:
         ctx = zmq.Context()
         seq = protocol.SeqCounter()
         try:
-            sock = connect_dealer(ctx, self.endpoint, self._identity, self._curve)
+            sock, watch = connect_watched_dealer(ctx, self.endpoint, self._identity, self._curve)
         except Exception as exc:
             log.warning("rankscope: cannot connect to the node agent at %s: %s", self.endpoint, exc)
             ctx.term()
             return
-        watch = ConnectionWatch(sock)
         io = _ClientIO(self, sock, seq)
         try:
             while not self._closing.is_set():

@@ -180,6 +180,26 @@ def connect_dealer(ctx: zmq.Context, endpoint: str, identity: bytes, curve: Curv
     ``zmq.Again`` instead of queueing into a pipe that may never drain: callers use
     that to spool or count a drop.
     """
+    sock = _dealer(ctx, endpoint, identity, curve)
+    _connect(sock, endpoint)
+    return sock
+
+
+def connect_watched_dealer(ctx: zmq.Context, endpoint: str, identity: bytes,
+                           curve: CurveKeys | None = None) -> tuple[zmq.Socket, "ConnectionWatch"]:
+    """:func:`connect_dealer` plus a :class:`ConnectionWatch` attached *before* connecting,
+    so the first handshake cannot happen before anyone listens for it."""
+    sock = _dealer(ctx, endpoint, identity, curve)
+    watch = ConnectionWatch(sock)
+    try:
+        _connect(sock, endpoint)
+    except BaseException:
+        watch.close()
+        raise
+    return sock, watch
+
+
+def _dealer(ctx: zmq.Context, endpoint: str, identity: bytes, curve: CurveKeys | None) -> zmq.Socket:
     if not isinstance(identity, bytes) or not identity:
         raise TransportError(f"identity: expected non-empty bytes, got {identity!r:.60}")
     if not is_local(endpoint) and curve is None:
@@ -197,11 +217,18 @@ def connect_dealer(ctx: zmq.Context, endpoint: str, identity: bytes, curve: Curv
             sock.curve_secretkey = curve.secret
             sock.curve_publickey = curve.public
             sock.curve_serverkey = curve.server_public
+    except BaseException:
+        sock.close(0)
+        raise
+    return sock
+
+
+def _connect(sock: zmq.Socket, endpoint: str) -> None:
+    try:
         sock.connect(endpoint)
     except zmq.ZMQError as exc:
         sock.close(0)
         raise TransportError(f"cannot connect {endpoint!r}: {exc}") from exc
-    return sock
 
 
 class ConnectionWatch:

@@ -24,7 +24,7 @@ from typing import Callable
 import zmq
 
 from agent.node.spool import Pos, SpoolLog
-from agent.transport import ConnectionWatch, CurveKeys, connect_dealer
+from agent.transport import CurveKeys, connect_watched_dealer
 
 log = logging.getLogger(__name__)
 
@@ -36,8 +36,7 @@ class Uplink:
                  curve: CurveKeys | None = None, replay_window_s: float = 10.0,
                  replay_bytes: int = 64 << 20, clock: Callable[[], float] = time.monotonic) -> None:
         self.endpoint = endpoint
-        self.sock = connect_dealer(ctx, endpoint, identity, curve)
-        self.watch = ConnectionWatch(self.sock)
+        self.sock, self.watch = connect_watched_dealer(ctx, endpoint, identity, curve)
         self.spool = spool
         self.replay_window_s = replay_window_s
         self.replay_bytes = replay_bytes
