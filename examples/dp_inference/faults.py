@@ -3,9 +3,10 @@
 Spellings (WORKER is the worker's own id, 0..N-1):
 
 - ``perturb_weight:WORKER:LAYER[:TOKEN]``: just before forward call TOKEN (default 0;
-  0 = prefill, k = decode iteration k) that worker adds 1e-3 to the query/key/value
-  projection weight of block LAYER, as a bit flip or a bad weight reload mid-serving
-  would. Calls before TOKEN are untouched, so the first departure is (TOKEN, block LAYER).
+  0 = prefill, k = decode iteration k) of its first request, that worker adds 1e-3 to
+  the query/key/value projection weight of block LAYER, as a bit flip or a bad weight
+  reload mid-serving would. Calls before TOKEN are untouched, so the first departure
+  is (TOKEN, block LAYER).
 - ``dtype:WORKER``: that worker holds its weights in float16 (a wrong ``dtype=`` at load).
 - ``seed:WORKER``: that worker initialises its weights from a different seed (a replica
   that loaded a different checkpoint).
@@ -91,9 +92,13 @@ def iteration_hook(fault: Fault | None, worker: int, n_layers: int) -> Iteration
     if fault.layer >= n_layers:
         raise ValueError(f"INFER_FAULT: LAYER={fault.layer} but the model has {n_layers} layers")
 
+    done = False
+
     def before_call(it: int, model: TinyDecoder) -> None:
-        if it != fault.token:
+        nonlocal done
+        if done or it != fault.token:
             return
+        done = True  # one corruption, in the first request that reaches TOKEN
         weight = model.layers[fault.layer].attn.qkv.weight
         weight.set_data(weight + ops.ones_like(weight) * PERTURBATION)
 

@@ -23,16 +23,20 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 WORKER = HERE / "worker.py"
+GO = "go"
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description="run N independent DP inference workers on the same prompts")
     p.add_argument("--workers", type=int, default=3, help="number of DP workers (default: %(default)s)")
     p.add_argument("--tokens", type=int, default=6, help="new tokens per prompt (default: %(default)s)")
+    p.add_argument("--requests", type=int, default=1,
+                   help="times every worker serves the session's prompts (default: %(default)s)")
     p.add_argument("--debugger", action="store_true", help="workers record with rankscope's PrecisionDebugger")
     p.add_argument("--token-range", type=int, nargs=2, metavar=("A", "B"),
                    help="forward calls A..B to record (0 = prefill, k = decode iteration k)")
@@ -47,7 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def worker_command(worker: int, args: argparse.Namespace, out: Path) -> list[str]:
     cmd = [sys.executable, str(WORKER), "--worker-id", str(worker), "--tokens", str(args.tokens),
-           "--result", str(out / f"worker{worker}.json")]
+           "--requests", str(args.requests), "--result", str(out / f"worker{worker}.json"),
+           "--go-file", str(out / GO)]
     if args.debugger:
         cmd.append("--debugger")
     if args.token_range:
@@ -70,6 +75,17 @@ def worker_env(base: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
+def release_when_ready(procs: list[subprocess.Popen], out: Path) -> None:
+    """Dispatch the session only once every worker has loaded its model, as a DP
+    router does; a worker that dies while loading releases the others anyway."""
+    while True:
+        ready = sum((out / f"{GO}.ready{i}").exists() for i in range(len(procs)))
+        if ready == len(procs) or any(p.poll() is not None for p in procs):
+            break
+        time.sleep(0.02)
+    (out / GO).touch()
+
+
 def summarize(results: list[dict]) -> tuple[bool, str]:
     """Whether every worker generated worker 0's tokens, and a line saying so."""
     if not results:
@@ -83,11 +99,13 @@ def summarize(results: list[dict]) -> tuple[bool, str]:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.workers < 1:
-        print(f"serve: --workers must be >= 1, got {args.workers}", file=sys.stderr)
-        return 2
+    for name in ("workers", "requests", "tokens"):
+        if getattr(args, name) < 1:
+            print(f"serve: --{name} must be >= 1, got {getattr(args, name)}", file=sys.stderr)
+            return 2
     out = args.out or Path(tempfile.mkdtemp(prefix="dp_inference-"))
     out.mkdir(parents=True, exist_ok=True)
+    (out / GO).unlink(missing_ok=True)
     env = worker_env()
     procs = [subprocess.Popen(worker_command(i, args, out), env=env) for i in range(args.workers)]
 
@@ -96,6 +114,7 @@ def main(argv: list[str] | None = None) -> int:
             if p.poll() is None:
                 p.send_signal(signum)
     signal.signal(signal.SIGTERM, _stop)
+    release_when_ready(procs, out)
     codes = [p.wait() for p in procs]
     failed = [i for i, c in enumerate(codes) if c != 0]
     results = []

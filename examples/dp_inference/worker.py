@@ -21,6 +21,7 @@ import argparse
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -31,6 +32,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description="one DP inference worker")
     p.add_argument("--worker-id", type=int, required=True, help="this worker's own unique id (0..N-1)")
     p.add_argument("--tokens", type=int, default=6, help="new tokens to generate (default: %(default)s)")
+    p.add_argument("--requests", type=int, default=1,
+                   help="times the session's prompts are served; each request is one debugger step "
+                        "(default: %(default)s)")
+    p.add_argument("--go-file", type=Path,
+                   help="announce readiness as GO_FILE.ready<ID>, then wait for GO_FILE before serving")
     p.add_argument("--batch", type=int, default=2, help="prompts in the session (default: %(default)s)")
     p.add_argument("--prompt-len", type=int, default=4, help="prompt length (default: %(default)s)")
     p.add_argument("--debugger", action="store_true",
@@ -52,6 +58,17 @@ def debugger_config(args: argparse.Namespace) -> Path:
         return args.config
     env = os.environ.get("RANKSCOPE_CONFIG")
     return Path(env) if env else DEFAULT_CONFIG
+
+
+def wait_for_go(go_file: Path, worker: int, timeout_s: float = 300.0) -> None:
+    """Like a DP server that takes traffic only once every worker is up: say we are
+    ready, then wait for the launcher's go. Keeps replicas in step with each other."""
+    Path(f"{go_file}.ready{worker}").touch()
+    deadline = time.monotonic() + timeout_s
+    while not go_file.exists():
+        if time.monotonic() > deadline:
+            raise ValueError(f"--go-file {go_file}: no go within {timeout_s:.0f} s")
+        time.sleep(0.02)
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -79,13 +96,18 @@ def run(args: argparse.Namespace) -> dict:
         from agent import PrecisionDebugger
         dump_path = args.dump_path or os.environ.get("RANKSCOPE_DUMP_PATH")
         debugger = PrecisionDebugger(config_path=str(debugger_config(args)), dump_path=dump_path)
-        token_range = list(args.token_range) if args.token_range else None
-        debugger.start(model=model, token_range=token_range,
-                       rank_id=wid if args.pass_worker_id else None)
-    tokens = greedy_generate(model, prompts, args.tokens, before_call)
-    if debugger is not None:
-        debugger.stop()
-        debugger.step()
+    if args.go_file is not None:
+        wait_for_go(args.go_file, wid)
+    token_range = list(args.token_range) if args.token_range else None
+    for _ in range(args.requests):
+        if debugger is not None:
+            # msProbe's inference pattern: start(model, token_range, rank_id) around generate.
+            debugger.start(model=model, token_range=token_range,
+                           rank_id=wid if args.pass_worker_id else None)
+        tokens = greedy_generate(model, prompts, args.tokens, before_call)
+        if debugger is not None:
+            debugger.stop()
+            debugger.step()  # a request is a step: pause/export/resume land between requests
 
     result = {"worker": wid, "pid": os.getpid(), "tokens": tokens.tolist(),
               "fault": os.environ.get("INFER_FAULT") if fault and fault.applies_to(wid) else None}
@@ -101,6 +123,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.token_range and not args.debugger:
         print("worker: --token-range needs --debugger", file=sys.stderr)
+        return 2
+    if args.requests < 1:
+        print(f"worker: --requests must be >= 1, got {args.requests}", file=sys.stderr)
         return 2
     try:
         result = run(args)
