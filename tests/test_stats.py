@@ -95,3 +95,15 @@ def test_mindspore_tensors_including_bfloat16():
     assert st.crc == zlib.crc32(bf.asnumpy().view(np.uint16).tobytes())
     p = ms.Parameter(ms.Tensor(x), name="w")
     assert tensor_stats(p).mean == pytest.approx(float(x.mean()), abs=1e-6)
+
+
+def test_large_tensors_take_the_one_pass_chunked_path():
+    a = np.random.RandomState(6).randn(300_001).astype(np.float32)  # > 4 chunks, ragged tail
+    st = array_stats(a, "Float32")
+    mx, mn, mean, norm = _ref(a)
+    assert (st.max, st.min) == (mx, mn)
+    assert st.mean == pytest.approx(mean, abs=1e-6) and st.norm == pytest.approx(norm, rel=1e-6)
+    a[123_456] = np.nan
+    a[299_999] = -np.inf
+    st = array_stats(a, "Float32")
+    assert (st.nan, st.inf) == (1, 1) and math.isnan(st.max) and math.isnan(st.min)
