@@ -70,9 +70,9 @@ class OutlierSettings:
     z: float = 8.0
     ratio: float = 4.0
     min_ranks: int = 3
-    #: The floor also rises to tail_factor x the column's typical largest deviation
-    #: (learned over min_history steps), so heavy-tailed columns do not false-alarm.
-    tail_factor: float = 3.0
+    #: The floor also rises to tail_factor x the usual spread of the record's kind
+    #: (learned over the run), so noisy, heavy-tailed kinds do not false-alarm.
+    tail_factor: float = 12.0
     history: bool = True
     history_z: float = 8.0
     history_ratio: float = 4.0

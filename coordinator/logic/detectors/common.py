@@ -31,7 +31,10 @@ def nanmedian0(a: np.ndarray) -> np.ndarray:
 
 
 def kind_mask(kinds: np.ndarray, wanted: frozenset[int] | set[int]) -> np.ndarray:
-    return np.isin(kinds, np.fromiter(wanted, np.int16, len(wanted)))
+    """Columns whose kind is in ``wanted`` (a lookup table: np.isin sorts every call)."""
+    lut = np.zeros(257, bool)
+    lut[list(wanted)] = True
+    return lut[kinds]  # an unknown kind (-1) reads lut[-1], which is False
 
 
 def first_flagged(view: StepView, flag: np.ndarray) -> tuple[int, int, list[int]] | None:

@@ -58,31 +58,33 @@ class OutlierDetector:
         self._tail_update(tails, kinds, np.where(flag | ~np.isfinite(ad), -np.inf, ad))
         return flag, med, mad, floor
 
-    # Heavy-tailed values (a local loss late in a small-batch classification run can swing
-    # 10x between micro-batches) would defeat any fixed floor. So each kind (loss, local
-    # grad norms, activation norms) learns its typical largest deviation per step (EWMA of
-    # the max |log ratio| over ranks and columns, flagged values excluded) and the floor
-    # rises to ``tail_factor`` times that: a x10 rank where nothing moves more than 1.5x is
-    # found; where 10x swings are routine it is not a finding. Until a kind has
-    # _TAIL_WARMUP steps of history the floor is ratio squared, since nothing is known yet
-    # about its tails.
+    # Heavy-tailed but healthy values (local loss of small micro-batches late in a run)
+    # would defeat a fixed floor. So each kind (loss, local grad norms, activation norms)
+    # learns its usual spread: an EWMA over steps of the pooled scale of log deviations
+    # over all ranks and columns of that kind (1.2533 x mean |deviation|, the exact zero of
+    # each column's median element left out, flagged values excluded). The floor is then
+    # max(ratio, tail_factor x that scale): in a quiet kind a x10 rank is found; in a kind
+    # where ranks routinely differ by 5x it takes far more. Until a kind has _TAIL_WARMUP
+    # steps the floor is ratio squared, since nothing is known about its spread yet.
     _TAIL_ALPHA = 0.05
     _TAIL_WARMUP = 5
 
     def _tail_floor(self, tails: dict, kinds: np.ndarray, log_floor: float) -> np.ndarray:
-        ew = tails.setdefault("ew", np.zeros(16))
+        ew = tails.setdefault("scale", np.zeros(16))
         cnt = tails.setdefault("n", np.zeros(16, np.int64))
         learned = cnt[kinds] >= self._TAIL_WARMUP
         return np.where(learned, np.maximum(log_floor, self.s.tail_factor * ew[kinds]), 2 * log_floor)
 
     def _tail_update(self, tails: dict, kinds: np.ndarray, ad: np.ndarray) -> None:
-        ew, cnt = tails["ew"], tails["n"]
-        colmax = ad.max(axis=0, initial=-np.inf)
+        ew, cnt = tails["scale"], tails["n"]
         for k in np.unique(kinds):
-            m = colmax[kinds == k].max()
-            if np.isfinite(m):
-                ew[k] = m if cnt[k] == 0 else ew[k] + self._TAIL_ALPHA * (m - ew[k])
-                cnt[k] += 1
+            vals = ad[:, kinds == k]
+            vals = vals[np.isfinite(vals) & (vals > 0)]
+            if vals.shape[0] == 0:
+                continue
+            scale = 1.2533 * float(vals.mean())
+            ew[k] = scale if cnt[k] == 0 else ew[k] + self._TAIL_ALPHA * (scale - ew[k])
+            cnt[k] += 1
 
     def judge(self, view: StepView, state: dict) -> list[Verdict]:
         cols = np.flatnonzero(kind_mask(view.kind, _KINDS))
