@@ -116,3 +116,33 @@ def test_drain_judges_pending_steps_without_deadline_findings() -> None:
     found = core.drain()
     assert [(v.detector, v.rank) for v in found] == [("outlier", 2)]
     assert core.status()["pending_steps"] == 0
+
+
+def test_paused_ranks_are_not_late_and_a_hung_rank_heartbeating_stays_stalled() -> None:
+    core, clock = _core(deadline_s=5.0, detectors={"progress": {"lag_steps": None}})
+    sim = SyntheticTraining(ranks=4, tensors=16, seed=7)
+    _register(core, sim)
+    for b in sim.batches(0):
+        core.on_step(b)
+    core.tick()
+    step1 = sim.batches(1)
+    for b in step1[:2]:  # ranks 0, 1 finished step 1; 2 and 3 paused before it
+        core.on_step(b)
+    for r in range(4):
+        core.on_heartbeat(sim.job, r, 1, "paused")
+    clock.advance(600.0)  # an operator holds the job for ten minutes
+    assert core.tick() == []
+    for r in range(4):
+        core.on_heartbeat(sim.job, r, 1, "running")
+    clock.advance(1.0)
+    assert core.tick() == []  # resumed: the deadline restarted when the pause ended
+    core.on_step(step1[2])
+    clock.advance(5.0)
+    [v] = core.tick()
+    assert (v.rank, v.step) == (3, 1)
+    core.on_heartbeat(sim.job, 3, 1, "running")  # its heartbeat thread lives on
+    for step in (2, 3):
+        for b in sim.batches(step)[:3]:
+            core.on_step(b)
+        assert core.tick() == []  # judged at once, not after another deadline per step
+    assert core.status()["pending_steps"] == 0

@@ -143,6 +143,9 @@ class Group:
     def ranks(self) -> np.ndarray:
         return np.fromiter((m.rank for m in self.members), np.int64, len(self.members))
 
+    def paused_mask(self) -> np.ndarray:
+        return np.fromiter((m.state is RankState.PAUSED for m in self.members), bool, len(self.members))
+
     def live_mask(self) -> np.ndarray:
         return np.fromiter((m.state in LIVE_STATES for m in self.members), bool, len(self.members))
 
@@ -287,8 +290,11 @@ class StepAligner:
                 if rows < live.shape[0]:
                     slot.grow(live.shape[0], slot.shape[1])
                 missing = live & ~slot.reported[: live.shape[0]]
-                late = now - slot.created >= self.settings.deadline_s
                 over = len(grp.slots) > self.settings.max_pending_steps
+                if missing.any() and (missing & grp.paused_mask()).any():
+                    # A paused rank is not late: the deadline restarts once nobody it waits for is paused.
+                    slot.created = now
+                late = now - slot.created >= self.settings.deadline_s
                 if missing.any() and not (force or late or over):
                     break
                 del grp.slots[step]

@@ -33,6 +33,7 @@ log = logging.getLogger(__name__)
 _HEARTBEAT_STATES = {"paused": RankState.PAUSED, "running": RankState.RUNNING, "stepping": RankState.RUNNING,
                      "terminated": RankState.FINISHED}
 MAX_RELATED = 100
+MAX_QUEUED_ACTIONS = 1000
 
 
 class CoordinatorCore:
@@ -78,8 +79,13 @@ class CoordinatorCore:
         rec = self.aligner.rank(job, rank)
         rec.last_seen, rec.heartbeat_step = self.clock(), step
         new = _HEARTBEAT_STATES.get(state)
-        if new is not None and rec.state not in (RankState.LOST, RankState.FINISHED):
-            rec.state = new
+        if new is None or rec.state in (RankState.LOST, RankState.FINISHED):
+            return
+        # A hung rank's heartbeat thread keeps saying "running": only a new step (or a
+        # pause at a step boundary) brings a stalled rank back into the waited-for set.
+        if rec.state is RankState.STALLED and new is RankState.RUNNING:
+            return
+        rec.state = new
 
     def on_rank_lost(self, job: str, rank: int, last_step: int, exit_status: int | None, reason: str) -> None:
         rec = self.aligner.rank(job, rank)
@@ -202,6 +208,9 @@ class CoordinatorCore:
             inc.ranks = self._rank_snapshot(inc.job)
         self.store.save(inc)
         self._actions += actions
+        if len(self._actions) > MAX_QUEUED_ACTIONS:  # nobody is taking them: keep the newest
+            log.warning("dropping %d untaken incident actions", len(self._actions) - MAX_QUEUED_ACTIONS)
+            del self._actions[:-MAX_QUEUED_ACTIONS]
         return actions
 
     def _job_ranks(self, job: str):
@@ -307,6 +316,7 @@ class CoordinatorCore:
                 r["lag"] = j["newest_step"] - r["step"]
         return {
             "jobs": jobs, "pending_steps": self.aligner.pending_steps(), "counters": dict(self.aligner.counters),
+            "steps_judged": self.aligner.counters["steps_judged"], "records": self.aligner.counters["records"],
             "verdicts": [v.to_dict() for v in list(self.verdicts)[-20:]],
             "incidents": [{"incident_id": i.incident_id, "state": i.state.value, "job": i.job,
                            "summary": i.verdict.summary()} for i in self._incidents.values()],
