@@ -146,3 +146,15 @@ def test_paused_ranks_are_not_late_and_a_hung_rank_heartbeating_stays_stalled() 
             core.on_step(b)
         assert core.tick() == []  # judged at once, not after another deadline per step
     assert core.status()["pending_steps"] == 0
+
+
+def test_a_restarted_process_on_a_lost_rank_is_awaited_again() -> None:
+    core, clock = _core()
+    sim = SyntheticTraining(ranks=2, tensors=16, seed=8)
+    _register(core, sim)
+    core.on_rank_lost(sim.job, 1, -1, 1, "exit 1")
+    assert [v.rank for v in core.tick()] == [1]
+    core.on_register(sim.job, 1, {"world_size": 2, "host": "h", "pid": 999})
+    assert core.status()["jobs"][sim.job]["ranks"]["1"]["state"] == "expected"
+    core.on_register(sim.job, 0, {"world_size": 2, "host": "h", "pid": 100})  # same process: no change
+    assert core.status()["jobs"][sim.job]["ranks"]["0"]["state"] == "expected"

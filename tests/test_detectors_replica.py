@@ -93,3 +93,15 @@ def test_per_dp_group_replicas_hold_different_params_without_alarm() -> None:
             batches[6].crc32[p] += 1
         found += feed_step(core, clock, batches)
     assert [(v.detector, v.rank, v.step, v.group) for v in found] == [("replica", 6, 20, f"{sim.job}/1")]
+
+
+def test_kinds_compared_are_configurable() -> None:
+    sim = SyntheticTraining(ranks=4, tensors=32, seed=8)
+    clock = FakeClock()
+    core = CoordinatorCore({"detectors": {"replica": {"kinds": ["param"]}}}, clock=clock)
+    batches = sim.batches(0)
+    batches[2].crc32[sim.column("Sentinel.grad_reduced.layer0.")] += 1  # not compared any more
+    assert feed_step(core, clock, batches) == []
+    batches = sim.batches(1)
+    batches[2].crc32[sim.column("Sentinel.param.layer0.")] += 1
+    assert [(v.detector, v.rank) for v in feed_step(core, clock, batches)] == [("replica", 2)]

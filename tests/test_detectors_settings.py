@@ -50,3 +50,10 @@ def test_bad_fields_are_named(section, field) -> None:
     assert err.value.field == field
     assert str(err.value).startswith(field)
     assert isinstance(err.value, ValueError)
+
+
+def test_replica_kinds_are_validated() -> None:
+    assert parse_settings({"detectors": {"replica": {"kinds": ["PARAM"]}}}).detectors.replica.kinds == ("param",)
+    with pytest.raises(SettingsError) as err:
+        parse_settings({"detectors": {"replica": {"kinds": ["params"]}}})
+    assert err.value.field == "cluster.detectors.replica.kinds" and err.value.value == "params"

@@ -193,6 +193,8 @@ class StepAligner:
 
     def register(self, job: str, rank: int, info: dict[str, Any]) -> RankRecord:
         rec = self.rank(job, rank)
+        if rec.state in (RankState.LOST, RankState.FINISHED) and info.get("pid") not in (None, rec.info.get("pid")):
+            rec.state = RankState.EXPECTED  # a new process took this rank id (a restart): await it again
         rec.info.update(info)
         ws = info.get("world_size")
         # In "dp"/"replicas" mode the group is the whole job: expect every rank of the

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+from agent.records import Kind
 from coordinator.logic.aligner import StepView
 from coordinator.logic.settings import CoordinatorSettings
 from coordinator.logic.verdict import Verdict
@@ -26,7 +27,7 @@ def build_step_detectors(settings: CoordinatorSettings) -> list[Any]:
     if d.nan_origin.enabled:
         out.append(NanOriginDetector())
     if d.replica.enabled:
-        out.append(ReplicaDetector())
+        out.append(ReplicaDetector(frozenset(int(Kind[k.upper()]) for k in d.replica.kinds)))
     if d.outlier.enabled:
         out.append(OutlierDetector(d.outlier))
     if settings.watchpoints:

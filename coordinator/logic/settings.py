@@ -51,6 +51,9 @@ class NanOriginSettings:
 @dataclass(frozen=True)
 class ReplicaSettings:
     enabled: bool = True
+    #: Record kinds that must be bit-identical in "dp" mode (lower-case Kind names). Drop
+    #: "grad_reduced" for a collective that does not give every rank the same bits.
+    kinds: tuple[str, ...] = ("param", "grad_reduced", "opt_state")
 
 
 @dataclass(frozen=True)
@@ -218,6 +221,8 @@ def _build_section(fld: str, cls: type, sub: Mapping[str, Any]) -> Any:
         kf = f"{fld}.{key}"
         if isinstance(default, bool):
             args[key] = _typed(kf, val, bool)
+        elif key == "kinds":
+            args[key] = _kind_names(kf, val)
         elif key == "lag_steps":
             args[key] = None if val is None else _positive_int(kf, val)
         elif isinstance(default, int):
@@ -235,6 +240,18 @@ def _build_section(fld: str, cls: type, sub: Mapping[str, Any]) -> Any:
         else:
             args[key] = _positive_float(kf, val)
     return cls(**args)
+
+
+def _kind_names(fld: str, val: Any) -> tuple[str, ...]:
+    from agent.records import Kind
+
+    known = [k.name.lower() for k in Kind]
+    if not isinstance(val, (list, tuple)) or not all(isinstance(k, str) for k in val):
+        raise SettingsError(fld, val, "must be a list of kind names (" + ", ".join(known) + ")")
+    for k in val:
+        if k.lower() not in known:
+            raise SettingsError(fld, k, "unknown kind (known: " + ", ".join(known) + ")")
+    return tuple(k.lower() for k in val)
 
 
 def _typed(fld: str, val: Any, typ: type) -> Any:

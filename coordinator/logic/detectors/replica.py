@@ -37,8 +37,11 @@ def signatures(view: StepView, cols: np.ndarray) -> np.ndarray:
 class ReplicaDetector:
     name = "replica"
 
+    def __init__(self, kinds: frozenset[int] = _REPL) -> None:
+        self.kinds = kinds
+
     def judge(self, view: StepView, state: dict) -> list[Verdict]:
-        cols = np.flatnonzero(np.ones_like(view.kind, bool) if view.replicas_mode else kind_mask(view.kind, _REPL))
+        cols = np.flatnonzero(np.ones_like(view.kind, bool) if view.replicas_mode else kind_mask(view.kind, self.kinds))
         if cols.shape[0] == 0 or view.ranks.shape[0] < 2:
             return []
         pres = view.present[:, cols]
