@@ -72,7 +72,7 @@ def test_allowed_key_passes_and_stranger_and_plaintext_are_refused(keys):
         stranger_watch.close()
     finally:
         stop_authenticator(ctx)
-        ctx.term()
+        ctx.destroy(linger=0)
 
 
 def test_non_local_endpoints_need_keys(keys):
@@ -87,7 +87,7 @@ def test_non_local_endpoints_need_keys(keys):
         with pytest.raises(TransportError, match="server_public"):
             connect_dealer(ctx, "tcp://10.1.2.3:7000", b"x", CurveKeys.from_files(keys / "agent.key_secret"))
     finally:
-        ctx.term()
+        ctx.destroy(linger=0)
 
 
 def test_agent_processes_allowed_vs_stranger(tmp_path, keys):
