@@ -34,6 +34,8 @@ MAX_FILE_NAME = 255
 TENSOR_DIR = "dump_tensor_data"
 MAPPING_CSV = "mapping.csv"
 ERROR_LOG = "dump_error_info.log"
+#: Messages written to one step's error log before the rest are only counted.
+ERROR_LOG_LIMIT = 100
 _MAPPING_HEADER = ("file_name", "original_file_name")
 #: How many (step, rank) dumps a writer remembers for merging repeated emits.
 _KEEP_STEPS = 4
@@ -169,6 +171,8 @@ class DumpWriter:
         # (step, label) -> {original tensor file name: mapped name}
         self._mapped: dict[tuple[int, str], dict[str, str]] = {}
         self._alias: dict[str, str] = {}  # old label -> new label after rename_rank_folder
+        self._logged: dict[tuple[int, str], int] = {}  # error-log messages per (step, label)
+        self.errors_suppressed = 0
 
     # ------------------------------------------------------------------ paths
     def rank_dir(self, step: int, rank_label: str) -> Path:
@@ -270,13 +274,31 @@ class DumpWriter:
 
     # ------------------------------------------------------------------ errors
     def log_error(self, step: int, rank_label: str, msg: str) -> None:
-        """Append one line to the step's dump_error_info.log; never raises."""
+        """Append a timestamped message to the step's dump_error_info.log; never raises.
+
+        At most :data:`ERROR_LOG_LIMIT` messages per step and folder are written (then
+        one line saying how many follow): a hook failing on every call must not turn
+        into megabytes of tracebacks per step on the training thread.
+        """
         try:
-            rdir = self.rank_dir(step, rank_label)
-            rdir.mkdir(parents=True, exist_ok=True)
-            stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S %z")
-            with self._lock, open(rdir / ERROR_LOG, "a", encoding="utf-8") as fh:
-                fh.write(f"[{stamp}] {msg}\n")
+            label = self._alias.get(rank_label, rank_label)
+            key = (int(step), label)
+            with self._lock:
+                n = self._logged.get(key, 0) + 1
+                self._logged[key] = n
+                if len(self._logged) > 4 * _KEEP_STEPS:
+                    self._logged.pop(next(iter(self._logged)))
+                if n > ERROR_LOG_LIMIT + 1:
+                    self.errors_suppressed += 1
+                    return
+                if n == ERROR_LOG_LIMIT + 1:
+                    msg = (f"more than {ERROR_LOG_LIMIT} errors in this step: further messages "
+                           f"suppressed (the probe still counts them)")
+                rdir = self.rank_dir(step, label)
+                rdir.mkdir(parents=True, exist_ok=True)
+                stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S %z")
+                with open(rdir / ERROR_LOG, "a", encoding="utf-8") as fh:
+                    fh.write(f"[{stamp}] {msg}\n")
         except Exception:  # noqa: BLE001
             pass
 
@@ -297,7 +319,12 @@ class DumpWriter:
         with self._lock:
             if old_label == new_label:
                 return kept
+            # Re-point earlier aliases too (proc1 -> rank0, then a remap rank0 -> rank5).
+            for old, new in list(self._alias.items()):
+                if new == old_label:
+                    self._alias[old] = new_label
             self._alias[old_label] = new_label
+            self._alias.pop(new_label, None)
             for key in [k for k in self._written if k[1] == old_label]:
                 self._written[(key[0], new_label)] = self._written.pop(key)
             for key in [k for k in self._mapped if k[1] == old_label]:

@@ -299,3 +299,29 @@ def test_dump_json_text_one_entry_per_line_and_round_trips():
     assert json.loads(dumps_json({})) == {} and json.loads(dumps_json({"data": {}})) == {"data": {}}
     with pytest.raises(TypeError, match="not JSON serialisable"):
         dumps_json({"data": {"x": object()}})
+
+
+def test_error_log_is_capped_per_step_but_everything_is_counted(tmp_path):
+    from agent.dump_writer import ERROR_LOG_LIMIT
+    w = DumpWriter(tmp_path, "statistics", "L1")
+    for i in range(ERROR_LOG_LIMIT + 50):
+        w.log_error(0, "rank0", f"hook failed #{i}")
+    w.log_error(1, "rank0", "next step logs again")
+    lines = (tmp_path / "step0" / "rank0" / "dump_error_info.log").read_text().splitlines()
+    assert len(lines) == ERROR_LOG_LIMIT + 1
+    assert lines[ERROR_LOG_LIMIT - 1].endswith(f"hook failed #{ERROR_LOG_LIMIT - 1}")
+    assert "suppressed" in lines[-1]
+    assert w.errors_suppressed == 49
+    assert (tmp_path / "step1" / "rank0" / "dump_error_info.log").read_text().endswith("next step logs again\n")
+
+
+def test_rename_twice_follows_the_chain(tmp_path):
+    w = DumpWriter(tmp_path, "statistics", "L1")
+    w.emit(out_for(0, "proc5", {"A": {}}))
+    w.rename_rank_folder("proc5", "rank0")
+    w.emit(out_for(1, "proc5", {"B": {}}))  # stale label
+    w.rename_rank_folder("rank0", "rank5")  # the node agent remapped the claim
+    w.emit(out_for(2, "proc5", {"C": {}}))
+    w.emit(out_for(2, "rank0", {"D": {}}))
+    assert sorted(p.name for p in tmp_path.glob("step*/*")) == ["rank5", "rank5", "rank5"]
+    assert list(load(tmp_path / "step2" / "rank5" / "dump.json")["data"]) == ["C", "D"]
