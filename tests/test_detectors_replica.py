@@ -105,3 +105,16 @@ def test_kinds_compared_are_configurable() -> None:
     batches = sim.batches(1)
     batches[2].crc32[sim.column("Sentinel.param.layer0.")] += 1
     assert [(v.detector, v.rank) for v in feed_step(core, clock, batches)] == [("replica", 2)]
+
+
+def test_inference_replicas_name_the_token() -> None:
+    """DP inference workers given the same prompts: the verdict says which decode call parted."""
+    sim = SyntheticTraining(ranks=3, tensors=32, seed=9, loss_noise=0, grad_noise=0, act_noise=0)
+    sim.rank_offset[:] = 0
+    batches = sim.batches(0)
+    for b in batches:
+        b.token = 4
+    batches[1].stats[sim.column("Cell.layer0."), 3] += 1e-3
+    [v] = ReplicaDetector().judge(view_of(batches, parse_settings({"groups": "replicas"})), {})
+    assert (v.rank, v.token, v.kind) == (1, 4, "forward")
+    assert v.to_dict()["token"] == 4

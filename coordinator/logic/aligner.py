@@ -75,6 +75,7 @@ class StepSlot:
     def __init__(self, step: int, created: float, rows: int, cols: int) -> None:
         self.step, self.created = step, created
         self.reported = np.zeros(rows, bool)
+        self.token = np.full(rows, -1, np.int64)  # inference: decode/forward-call index per rank
         self.present = np.zeros((rows, cols), bool)
         self.exec = np.full((rows, cols), NO_EXEC, np.int64)
         self.stats = np.full((rows, cols, 4), np.nan)
@@ -102,6 +103,9 @@ class StepSlot:
         reported = np.zeros(rows, bool)
         reported[:r0] = self.reported
         self.reported = reported
+        token = np.full(rows, -1, np.int64)
+        token[:r0] = self.token
+        self.token = token
 
 
 @dataclass
@@ -114,6 +118,7 @@ class StepView:
     ranks: np.ndarray  # (R,) rank id of each row
     live: np.ndarray  # (R,) bool, ranks the step waited for
     reported: np.ndarray  # (R,) bool
+    token: np.ndarray  # (R,) int64, -1 unless inference token capture
     present: np.ndarray  # (R, K) bool
     exec: np.ndarray  # (R, K) int64, NO_EXEC where absent
     stats: np.ndarray  # (R, K, 4) Max/Min/Mean/Norm, NaN where absent
@@ -233,6 +238,7 @@ class StepAligner:
         if p >= slot.shape[0]:
             slot.grow(len(grp.members), len(table))
         slot.reported[p] = True
+        slot.token[p] = b.token
         if not n:
             return
         # A rank records the same names in the same order step after step: remember the
@@ -314,7 +320,7 @@ class StepAligner:
         ranks = grp.ranks()
         return StepView(
             job=grp.job, group=grp.label, step=slot.step, ranks=ranks, live=live,
-            reported=slot.reported[:r], present=slot.present[:r, :k], exec=slot.exec[:r, :k],
+            reported=slot.reported[:r], token=slot.token[:r], present=slot.present[:r, :k], exec=slot.exec[:r, :k],
             stats=slot.stats[:r, :k], nan=slot.nan[:r, :k], inf=slot.inf[:r, :k],
             numel=slot.numel[:r, :k], crc=slot.crc[:r, :k], kind=table.kind[:k].copy(), keys=table,
             replicas_mode=self.settings.replicas_mode, prev=grp.prev,

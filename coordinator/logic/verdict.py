@@ -26,6 +26,8 @@ class Verdict:
     evidence: dict[str, Any] = field(default_factory=dict)
     ties: list[int] = field(default_factory=list)
     job: str = ""
+    #: Inference (token_range capture): the decode call the rank was at, else None.
+    token: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -89,4 +89,5 @@ def make_verdict(detector: str, view: StepView, row: int, col: int, ties: list[i
         detector=detector, rank=int(view.ranks[row]), step=view.step, tensor=view.keys.names[col],
         exec_index=None if ex == NO_EXEC else ex, kind=Kind(kind).name.lower() if kind >= 0 else None,
         group=view.group, evidence=evidence, ties=sorted(int(view.ranks[t]) for t in ties), job=view.job,
+        token=int(view.token[row]) if view.token[row] >= 0 else None,
     )
