@@ -148,3 +148,15 @@ def test_rank_state_follows_heartbeats() -> None:
     core.on_heartbeat("j", 0, 3, "running")
     assert core.status()["jobs"]["j"]["ranks"]["0"]["state"] == "running"
     assert np.isfinite(core.status()["jobs"]["j"]["ranks"]["0"]["seen_s_ago"])
+
+
+def test_unranked_batches_and_losses_are_counted_not_aligned() -> None:
+    core = CoordinatorCore({}, clock=FakeClock())
+    sim = SyntheticTraining(ranks=1, tensors=16, seed=6, first_rank=0)
+    [b] = sim.batches(0)
+    b.rank = -1
+    core.on_steps([b])
+    core.on_rank_lost("j", -1, -1, None, "exited")
+    core.on_heartbeat("j", -1, 0, "running")
+    assert core.status()["counters"]["unranked_batches"] == 1
+    assert core.status()["jobs"] == {} and core.tick() == []

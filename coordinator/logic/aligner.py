@@ -166,7 +166,7 @@ class StepAligner:
         self.ranks: dict[tuple[str, int], RankRecord] = {}
         self._world: dict[str, int] = {}
         self.counters = {"records": 0, "batches": 0, "late_records": 0, "unknown_name_records": 0,
-                         "steps_judged": 0, "steps_by_deadline": 0, "steps_forced": 0}
+                         "steps_judged": 0, "steps_by_deadline": 0, "steps_forced": 0, "unranked_batches": 0}
 
     # --- membership ---------------------------------------------------------------
     def _group_for(self, job: str, rank: int) -> Group:

@@ -68,14 +68,23 @@ class CoordinatorCore:
         self.aligner.register(job, rank, dict(info))
 
     def on_step(self, batch: StepBatch) -> None:
+        if batch.rank < 0:  # a probe that never learned its rank: nothing to align it with
+            self.aligner.counters["unranked_batches"] += 1
+            return
         self.aligner.ingest(batch, self.clock())
 
     def on_steps(self, batches: list[StepBatch]) -> None:
         now = self.clock()
+        ingest = self.aligner.ingest
         for b in batches:
-            self.aligner.ingest(b, now)
+            if b.rank < 0:
+                self.aligner.counters["unranked_batches"] += 1
+                continue
+            ingest(b, now)
 
     def on_heartbeat(self, job: str, rank: int, step: int, state: str) -> None:
+        if rank < 0:
+            return
         rec = self.aligner.rank(job, rank)
         rec.last_seen, rec.heartbeat_step = self.clock(), step
         new = _HEARTBEAT_STATES.get(state)
@@ -88,6 +97,9 @@ class CoordinatorCore:
         rec.state = new
 
     def on_rank_lost(self, job: str, rank: int, last_step: int, exit_status: int | None, reason: str) -> None:
+        if rank < 0:  # lost before it was given a rank id: it never took part in a step
+            log.warning("job %s: a process without a rank id was lost (%s)", job, reason)
+            return
         rec = self.aligner.rank(job, rank)
         if rec.state in (RankState.LOST, RankState.FINISHED):
             return
