@@ -43,7 +43,7 @@ _TOP_KEYS = frozenset({"task", "dump_path", "rank", "step", "level", "statistics
 # Task-section keys msProbe understands beyond the four we use.
 _TASK_IGNORED = frozenset({"slice", "request_id", "diff_nums", "device", "precision",
                            "tensor_list", "file_format", "online_run_ut", "nfs_path",
-                           "host", "port", "error_data_path"})
+                           "host", "port", "error_data_path", "bench_path"})
 _TASK_KEYS = frozenset({"scope", "list", "data_mode", "summary_mode"}) | _TASK_IGNORED
 _RDR_KEYS = frozenset({"enable", "mode", "path"})
 

@@ -59,6 +59,8 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     """Write ``data`` to ``path`` via a temp file in the same directory and a rename."""
     path = os.fspath(path)
     head, name = os.path.split(path)
+    if len(name.encode("utf-8")) > 200:  # the temp name must fit in 255 bytes as well
+        name = hashlib.sha1(name.encode("utf-8")).hexdigest()
     tmp = os.path.join(head, f".{name}.{os.getpid()}.{threading.get_ident()}.tmp")
     try:
         with open(tmp, "wb") as fh:

@@ -143,6 +143,15 @@ def test_long_names_are_mapped_and_dump_json_points_at_the_file(tmp_path):
             sorted([(file_name, long_name), (mapped_file_name(other), other)])
 
 
+def test_names_just_under_the_limit_are_written_as_is(tmp_path):
+    w = DumpWriter(tmp_path, "tensor", "L0")
+    name = "C" * (MAX_FILE_NAME - 4) + ".npy"  # exactly 255 bytes: no mapping, temp name must still fit
+    assert w.write_tensor(0, "rank0", name, np.ones(2)) == name
+    assert np.array_equal(np.load(tmp_path / "step0" / "rank0" / "dump_tensor_data" / name), np.ones(2))
+    assert not (tmp_path / "step0" / "rank0" / "dump_tensor_data" / "mapping.csv").exists()
+    assert no_temp_files(tmp_path)
+
+
 @pytest.mark.parametrize("bad", ["../escape.npy", "a/b.npy", "", ".."])
 def test_write_tensor_rejects_path_like_names(tmp_path, bad):
     w = DumpWriter(tmp_path, "tensor", "L0")
