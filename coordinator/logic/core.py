@@ -23,10 +23,9 @@ from coordinator.logic.incident import Action, ActionKind, Incident, IncidentEve
 from coordinator.logic.incident_store import IncidentStore, write_incident
 from coordinator.logic.registry import build_step_detectors
 from coordinator.logic.series import SeriesRecorder
-from coordinator.logic.settings import CoordinatorSettings, OnDivergence, parse_settings
+from coordinator.logic.settings import CoordinatorSettings, OnDivergence, SettingsError, parse_settings
 from coordinator.logic.verdict import Verdict
 from coordinator.logic.watchpoint_rules import parse_watchpoints
-from coordinator.logic.settings import SettingsError
 
 log = logging.getLogger(__name__)
 

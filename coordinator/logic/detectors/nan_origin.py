@@ -8,8 +8,6 @@ replicated kinds searched.
 """
 from __future__ import annotations
 
-import numpy as np
-
 from agent.records import PRE_REDUCTION_KINDS
 from coordinator.logic.aligner import StepView
 from coordinator.logic.detectors.common import first_flagged, group_values, kind_mask, make_verdict, stats_dict
