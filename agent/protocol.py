@@ -25,7 +25,7 @@ from typing import Any, Iterable
 import msgpack
 import numpy as np
 
-from agent.records import StepBatch
+from agent.records import Kind, StepBatch
 
 log = logging.getLogger(__name__)
 
@@ -250,6 +250,9 @@ def _check_step(body: dict) -> None:
         elif arr.shape[0] != n:
             raise ProtocolError("bad_shape", f"step.cols.{name}: {arr.shape[0]} rows, want {n}")
         cols[name] = arr
+    # A kind the detectors do not know would make StepBatch.validate() fail downstream.
+    if n and int(cols["kinds"].max()) > max(Kind):
+        raise ProtocolError("bad_field", f"step.cols.kinds: unknown kind {int(cols['kinds'].max())}")
     for k, v in body["new_names"].items():
         if not isinstance(k, int) or isinstance(k, bool) or k < 0 or not isinstance(v, str):
             raise ProtocolError("bad_field", "step.new_names must map int -> str")
