@@ -42,6 +42,13 @@ class ActionPerformer:
         self.terminated = False
         self._io = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="rankscope-report")
         self._jobs: list[concurrent.futures.Future] = []
+        # After a restart: incidents the core restored mid-export keep receiving their
+        # bundles (node agents replay unacknowledged chunks from their spools).
+        for inc in core.incidents():
+            if inc["state"] in ("detected", "pausing", "exporting"):
+                iid = inc["incident_id"]
+                self.assemblers[iid] = BundleAssembler(incident_dir(self.export_dir, iid))
+                self.reported |= {(iid, int(r)) for r in inc.get("bundles", {})}
 
     # --- actions -------------------------------------------------------------------
     def run(self) -> int:

@@ -49,6 +49,7 @@ class CoordinatorService(Handlers):
         self.collector = None  # coordinator.collect.DumpCollector, created on first collect
         self.last_judged_step = -1
         self._next_lag = 0.0
+        self._known_incidents = {d["incident_id"] for d in self.core.incidents()}  # restored ones
 
     # --- lifecycle ---------------------------------------------------------------------
     def start(self) -> str:
@@ -114,7 +115,10 @@ class CoordinatorService(Handlers):
         for grp in self.core.aligner.groups.values():
             self.last_judged_step = max(self.last_judged_step, grp.judged_through)
         rejected = sum(self.frontend.decoder.rejected.values())
-        opened = len(self.core.incidents()) - self.metrics.incidents if verdicts else 0
+        opened = 0
+        if verdicts:
+            ids = {d["incident_id"] for d in self.core.incidents()}
+            opened, self._known_incidents = len(ids - self._known_incidents), ids
         self.metrics.add(steps=counters.get("steps_judged", 0) - self.metrics.steps_judged, incidents=opened,
                          rejected=rejected - self.metrics.frames_rejected)
 

@@ -55,9 +55,14 @@ def _dom(path: Path) -> str:
     return out.stdout
 
 
-def test_history_is_rank_major_and_keeps_nonfinite_marker():
-    h = history_from_series(_series(3, 4, bad_rank=1, bad_step=2))
+def test_history_is_rank_major_sorted_by_rank_and_keeps_nonfinite_marker():
+    series = _series(3, 4, bad_rank=1, bad_step=2)
+    series["ranks"] = [2, 0, 1]  # the group's arrival order
+    h = history_from_series(series)
     assert h["ranks"] == [0, 1, 2] and h["steps"] == [0, 1, 2, 3]
+    assert h["loss"][2][0] == series["loss"][0][0]  # rank 2 was the first column
+    series["ranks"] = [0, 1, 2]
+    h = history_from_series(series)
     assert len(h["loss"]) == 3 and len(h["loss"][0]) == 4
     assert h["grad_norm"][1][2] is None  # missing stays missing
     assert h["deviation"][1][2] == NONFINITE_DEVIATION and h["deviation"][0][2] == 0.0

@@ -22,13 +22,13 @@ def history_from_series(series: dict[str, Any] | None) -> dict | None:
     if not series or not series.get("ranks"):
         return None
     ranks, steps = list(series["ranks"]), list(series["steps"])
+    order = sorted(range(len(ranks)), key=ranks.__getitem__)  # group order is arrival order
 
     def rank_major(key: str) -> list[list]:
         rows = series.get(key) or [[None] * len(ranks) for _ in steps]
-        return [[_num(rows[j][i]) if i < len(rows[j]) else None for j in range(len(steps))]
-                for i in range(len(ranks))]
+        return [[_num(rows[j][i]) if i < len(rows[j]) else None for j in range(len(steps))] for i in order]
 
-    return {"ranks": ranks, "steps": steps, "loss": rank_major("loss"),
+    return {"ranks": [ranks[i] for i in order], "steps": steps, "loss": rank_major("loss"),
             "grad_norm": rank_major("grad_norm"), "deviation": rank_major("deviation")}
 
 
