@@ -179,3 +179,22 @@ def test_operator_controls_without_incident_and_manual_export(tmp_path) -> None:
         core.operator("explode")
     [a] = core.operator("export")
     assert a.kind is ActionKind.PAUSE and core.incidents()[0]["verdict"]["detector"] == "manual"
+
+
+def test_ranks_ending_after_rankscope_terminated_the_job_open_nothing(tmp_path) -> None:
+    clock = FakeClock()
+    core = CoordinatorCore({"on_divergence": "terminate", "pause_timeout_s": 1, "export_timeout_s": 1},
+                           clock=clock, export_dir=tmp_path)
+    sim = SyntheticTraining(ranks=4, tensors=16, seed=5)
+    _job(core, clock, 4, 2, sim)
+    iid = core.take_actions()[0].incident_id
+    for _ in range(2):
+        clock.advance(1.0)
+        core.tick()
+    core.write_incident(iid)
+    assert [a.kind for a in core.take_actions()][-1] is ActionKind.TERMINATE
+    for r in range(4):  # RankscopeTerminated ends every rank with a non-zero status
+        core.on_rank_lost(sim.job, r, 3, 1, "exited")
+    assert core.tick() == [] and len(core.incidents()) == 1
+    again = CoordinatorCore({}, clock=clock, export_dir=tmp_path)  # also after a restart
+    assert sim.job in again.terminated_jobs

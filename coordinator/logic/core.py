@@ -57,8 +57,13 @@ class CoordinatorCore:
         self._actions: list[Action] = []
         self._incidents: dict[str, Incident] = {}
         self._since: dict[str, float] = {}
+        #: Jobs rankscope terminated: their ranks ending is the expected outcome, not a
+        #: finding, and no further incident is opened for them.
+        self.terminated_jobs: set[str] = set()
         for inc in self.store.load_all():  # a restarted coordinator keeps its incidents
             self._incidents[inc.incident_id] = inc
+            if inc.state is IncidentState.TERMINATED:
+                self.terminated_jobs.add(inc.job)
             if not inc.final:
                 self._since[inc.incident_id] = clock()
 
@@ -102,7 +107,7 @@ class CoordinatorCore:
         rec = self.aligner.rank(job, rank)
         if rec.state in (RankState.LOST, RankState.FINISHED):
             return
-        if exit_status == 0:  # a clean exit the agent noticed before we heard "finished"
+        if exit_status == 0 or job in self.terminated_jobs:  # a clean exit, or one we asked for
             rec.state = RankState.FINISHED
             return
         rec.state = RankState.LOST
@@ -151,7 +156,8 @@ class CoordinatorCore:
         out = [v for v in sorted(found, key=Verdict.sort_key) if not self._suppressed(v)]
         for v in out:
             self.verdicts.append(v)
-            self._open_or_attach(v)
+            if v.job not in self.terminated_jobs:
+                self._open_or_attach(v)
         self._advance_incidents(now)
         return out
 
@@ -218,6 +224,8 @@ class CoordinatorCore:
         if inc.state in (IncidentState.EXPORTING, IncidentState.WRITTEN) and not inc.ranks:
             inc.ranks = self._rank_snapshot(inc.job)
         self.store.save(inc)
+        if any(a.kind is ActionKind.TERMINATE for a in actions):
+            self.terminated_jobs.add(inc.job)
         self._actions += actions
         if len(self._actions) > MAX_QUEUED_ACTIONS:  # nobody is taking them: keep the newest
             log.warning("dropping %d untaken incident actions", len(self._actions) - MAX_QUEUED_ACTIONS)
@@ -292,6 +300,8 @@ class CoordinatorCore:
         if command == "step" and (not isinstance(n, int) or n < 1):
             raise ValueError(f"step: n must be a positive integer, got {n!r}")
         act = Action(kinds[command], job, None, {"n": n} if command == "step" else {})
+        if command == "terminate":
+            self.terminated_jobs.add(job)
         self._actions.append(act)
         return [act]
 
