@@ -8,7 +8,7 @@ against the entries we wrote.
 
 How msProbe 26.x compares MindSpore dumps (read from its source):
 - ``-tp/-gp`` two ``dump.json`` (or ``debug.json``) files: one comparison, result
-  ``compare_result_<timestamp>.csv``; ``.npy`` files are read from the sibling
+  ``compare_result_<timestamp>.csv`` (``debug_compare_result_...`` for debug.json); ``.npy`` files are read from the sibling
   ``dump_tensor_data/`` by each leaf's ``data_name``; ``stack.json`` and
   ``construct.json`` must both exist beside dump.json (or both be absent).
 - ``-tp/-gp`` two step directories (``step{N}``): one comparison per paired
@@ -19,7 +19,8 @@ How msProbe 26.x compares MindSpore dumps (read from its source):
   ``"md5"``).
 - Row names: ``{entry}.input.{i}`` (input_args), ``{entry}.input.{kwarg}``,
   ``{entry}.output.{i}``, ``{entry}.parameters.{name}``, ``{entry}.{param}`` for a
-  ``parameters_grad`` entry, nested sequences add ``.{j}``; in tensor mode a row is
+  ``parameters_grad`` entry, nested sequences add ``.{j}``, a ``save`` entry
+  ``{name}.{n}.debug`` walks its whole body (``.data``, ``.data.{key}``); in tensor mode a row is
   named by its ``data_name`` minus the extension.
 - The tool exits 0 even when a comparison is skipped, so success here means "a new
   result file appeared"; it also logs an unrelated "[ERROR] ... CANN environment"
@@ -39,7 +40,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 JSON_NAMES = ("dump.json", "debug.json")
-RESULT_GLOB = "compare_result*"
+RESULT_GLOB = "*compare_result*"  # debug.json gives debug_compare_result_*.csv
 
 
 class MsprobeCompareError(RuntimeError):
@@ -171,6 +172,9 @@ def expected_rows(entries: dict[str, dict], tensor_names: bool = False) -> dict[
     out: dict[str, dict | None] = {}
     for entry, body in entries.items():
         parts = entry.split(".")
+        if parts[-1] == "debug":  # PrecisionDebugger.save entries (debug.json): whole body
+            _walk(body, entry, out, tensor_names, in_grad=False)
+            continue
         if parts[-1] == "parameters_grad" or (len(parts) >= 2 and parts[-2] == "parameters_grad"):
             _walk(body, entry, out, tensor_names, in_grad=True)
             continue
