@@ -194,10 +194,16 @@ class NodeAgent:
     def _on_rank_status(self, entry: RankEntry | None, frame: bytes, msg: Message, key) -> None:
         what = msg.body["what"]
         if entry is not None and what == "bye":
-            self.registry.finish(entry)
+            detail = msg.body.get("detail") or {}
             self.liveness.forget(entry)
-            self.bundles.forget(entry)
             self._owed.discard(key[0])
+            if detail.get("ok", True) is False:
+                # Ended by an uncaught exception: lost to the job, with what it said.
+                error = str(detail.get("error") or "uncaught exception")[:300]
+                self._lose(entry, None, f"raised: {error}")
+                return
+            self.registry.finish(entry)
+            self.bundles.forget(entry)
             self._up_own(protocol.STATUS, entry.job, {"what": "finished", "detail": {
                 "rank": entry.assigned_rank, "step": entry.last_step, "pid": entry.pid}})
             self._publish_map(entry.job)
@@ -247,21 +253,27 @@ class NodeAgent:
         for lost in self.liveness.check(self.registry.live(), now):
             e = lost.entry
             if lost.reason == "exited":
-                self.registry.lose(e, lost.exit_status, "exited")
                 self.liveness.forget(e)
                 self._owed.discard(e.extra.get("src", ""))
-                status = "unknown" if lost.exit_status is None else str(lost.exit_status)
-                self.bundles.write_on_behalf(e, f"rank process ended without saying goodbye "
-                                                f"(exit status {status})", self.registry.rank_map(e.job))
-                reason = "exited"
+                self._lose(e, lost.exit_status, "exited")
             else:
-                reason = f"unresponsive: no heartbeat for {self.s.heartbeat_timeout_s:g}s"
-            log.warning("job %s rank %s (pid %d) lost: %s, last step %d, exit status %s",
-                        e.job, e.assigned_rank, e.pid, reason, e.last_step, lost.exit_status)
-            self._up_own(protocol.RANK_LOST, e.job, {
-                "rank": e.assigned_rank if e.assigned_rank is not None else -1, "pid": e.pid,
-                "last_step": e.last_step, "exit_status": lost.exit_status, "reason": reason})
-            self._publish_map(e.job)
+                self._report_lost(e, None, f"unresponsive: no heartbeat for {self.s.heartbeat_timeout_s:g}s")
+
+    def _lose(self, e: RankEntry, exit_status: int | None, reason: str) -> None:
+        """The rank is gone: mark it, write its bundle from what this agent saw, tell the coordinator."""
+        self.registry.lose(e, exit_status, reason)
+        status = "unknown" if exit_status is None else str(exit_status)
+        self.bundles.write_on_behalf(e, f"rank lost ({reason}, exit status {status}); written by the node "
+                                        f"agent from its flight recorder", self.registry.rank_map(e.job))
+        self._report_lost(e, exit_status, reason)
+
+    def _report_lost(self, e: RankEntry, exit_status: int | None, reason: str) -> None:
+        log.warning("job %s rank %s (pid %d) lost: %s, last step %d, exit status %s",
+                    e.job, e.assigned_rank, e.pid, reason, e.last_step, exit_status)
+        self._up_own(protocol.RANK_LOST, e.job, {
+            "rank": e.assigned_rank if e.assigned_rank is not None else -1, "pid": e.pid,
+            "last_step": e.last_step, "exit_status": exit_status, "reason": reason})
+        self._publish_map(e.job)
 
     # --- coordinator -> agent ----------------------------------------------------------
     def _drain_uplink(self) -> None:
