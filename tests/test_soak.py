@@ -168,3 +168,36 @@ def test_real_data_parallel_training_raises_nothing_then_catches_a_corrupted_rep
     found, _, _ = _train(200, fault_step=150)
     assert [(v.detector, v.rank, v.step, v.tensor) for v in found] == [
         ("replica", 5, 150, "Sentinel.param.layer1.weight")]
+
+
+# --- real statistics from a real msrun job ------------------------------------------------
+
+def test_real_msrun_statistics_clean_steps_raise_nothing_and_the_nan_origin_is_named() -> None:
+    """4-rank MindSpore CPU DP job (tests/data/msrun_dp4_nan_rank2_step3/README.md)."""
+    from pathlib import Path
+
+    from agent.rdr.steps_file import load_steps
+
+    root = Path(__file__).parent / "data" / "msrun_dp4_nan_rank2_step3"
+    ranks = [load_steps((root / f"rank_{r}.msgpack").read_bytes()) for r in range(4)]
+    clock = FakeClock()
+    core = CoordinatorCore({}, clock=clock)
+    job = ranks[0][0][0].job
+    for r in range(4):
+        core.on_register(job, r, {"world_size": 4})
+    found_by_step = {}
+    for step in range(5):
+        batches = []
+        for batches_of_rank, names in ranks:
+            [b] = [b for b in batches_of_rank if b.step == step]
+            if step == 0:
+                b.new_names = dict(names)  # the ring kept the name table apart from the batches
+            batches.append(b)
+        found_by_step[step] = feed_step(core, clock, batches)
+        if step == 0:
+            view_kinds = set(core.aligner.keys[job].kind[: len(core.aligner.keys[job])].tolist())
+            assert {2, 3, 4, 5} <= view_kinds  # params, local and reduced grads, loss were all compared
+    assert found_by_step[0] == found_by_step[1] == found_by_step[2] == []
+    [v] = found_by_step[3]
+    assert (v.detector, v.rank, v.step, v.ties) == ("nan_origin", 2, 3, [])
+    assert v.tensor.startswith("Cell.fc1.") and v.kind == "forward"
