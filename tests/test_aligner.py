@@ -160,3 +160,15 @@ def test_unranked_batches_and_losses_are_counted_not_aligned() -> None:
     core.on_heartbeat("j", -1, 0, "running")
     assert core.status()["counters"]["unranked_batches"] == 1
     assert core.status()["jobs"] == {} and core.tick() == []
+
+
+def test_malformed_name_tables_are_refused_without_huge_allocations() -> None:
+    al = StepAligner(parse_settings({}))
+    t = NameTable()
+    b = _batch(t, 0, 0, [("a", Kind.LOSS, 1.0)])
+    b.new_names.update({2**40: "huge id", -3: "negative", "7": "str id", 5: b"bytes"})
+    al.ingest(b, 0.0)
+    assert al.counters["bad_names"] == 4
+    assert al.ranks[("j", 0)].names.key_of.shape[0] < 1 << 20
+    [(_, view)] = al.ready(0.0)
+    assert view.keys.names == ["a"] and view.present.all()

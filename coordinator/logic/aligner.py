@@ -166,7 +166,8 @@ class StepAligner:
         self.ranks: dict[tuple[str, int], RankRecord] = {}
         self._world: dict[str, int] = {}
         self.counters = {"records": 0, "batches": 0, "late_records": 0, "unknown_name_records": 0,
-                         "steps_judged": 0, "steps_by_deadline": 0, "steps_forced": 0, "unranked_batches": 0}
+                         "steps_judged": 0, "steps_by_deadline": 0, "steps_forced": 0, "unranked_batches": 0,
+                         "bad_names": 0}
 
     # --- membership ---------------------------------------------------------------
     def _group_for(self, job: str, rank: int) -> Group:
@@ -218,7 +219,9 @@ class StepAligner:
         if table is None:
             table = self.keys[b.job] = KeyTable()
         if b.new_names:
-            rec.names.learn(table, b.new_names)
+            refused = rec.names.learn(table, b.new_names)
+            if refused:
+                self.counters["bad_names"] += refused
             rec.layout = None
         n = len(b)
         self.counters["batches"] += 1

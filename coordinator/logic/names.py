@@ -11,6 +11,9 @@ from __future__ import annotations
 import numpy as np
 
 UNKNOWN = -1
+#: Limits on a rank's name table as it arrives from the wire.
+MAX_NAMES_PER_RANK = 1 << 20
+MAX_NAME_CHARS = 4096
 
 
 class KeyTable:
@@ -49,7 +52,19 @@ class RankNames:
         self.key_of = np.full(64, UNKNOWN, np.int64)
         self.local_name: dict[int, str] = {}
 
-    def learn(self, table: KeyTable, new_names: dict[int, str]) -> None:
+    def learn(self, table: KeyTable, new_names: dict[int, str]) -> int:
+        """Map the rank's new names; returns how many entries were refused as malformed.
+
+        The table comes off the wire: an id must be a small non-negative int and a name a
+        string, or a single bad frame could make us allocate an array of 2**32 entries.
+        """
+        bad = [k for k, v in new_names.items()
+               if not isinstance(k, int) or isinstance(k, bool) or not 0 <= k < MAX_NAMES_PER_RANK
+               or not isinstance(v, str) or len(v) > MAX_NAME_CHARS]
+        if bad:
+            new_names = {k: v for k, v in new_names.items() if k not in set(bad)}
+            if not new_names:
+                return len(bad)
         top = max(new_names) + 1
         if top > self.key_of.shape[0]:
             grown = np.full(max(top, 2 * self.key_of.shape[0]), UNKNOWN, np.int64)
@@ -58,6 +73,7 @@ class RankNames:
         for nid, name in new_names.items():
             self.key_of[nid] = table.key_for(name)
             self.local_name[nid] = name
+        return len(bad)
 
     def map(self, name_ids: np.ndarray) -> np.ndarray:
         """Columns for ``name_ids``; UNKNOWN for ids this rank never named."""
