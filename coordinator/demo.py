@@ -56,13 +56,14 @@ def main(argv: list[str]) -> int:
         print(f"[rankscope demo] {args.ranks}-rank msrun job; injecting '{kind}' on rank {rank} "
               f"at step {step}. Training script: {EXAMPLE}", flush=True)
     cmd = msrun_command(args.ranks, export_dir / "msrun_logs")
-    rc = launch.main(["--export-dir", str(export_dir), "--on-divergence", args.on_divergence, "--", *cmd])
+    rc = launch.main(["--export-dir", str(export_dir), "--on-divergence", args.on_divergence,
+                      "--log", str(export_dir / "command.log"), "--", *cmd])
     print(f"\n[rankscope demo] done (exit {rc}). Everything is under {export_dir}:\n"
           f"  incidents/<id>/incident.json  the verdict and its evidence\n"
           f"  incidents/<id>/report.html    open in a browser (self-contained, no network)\n"
           f"  incidents/<id>/rank_<r>/rdr/  every rank's bundle\n"
           f"  local_dump/step<N>/rank<r>/   each rank's msProbe-format dump\n"
-          f"  msrun_logs/                   the workers' own logs", flush=True)
+          f"  command.log, msrun_logs/      msrun's and the workers' own output", flush=True)
     # The demo succeeded if it found the fault it injected (or nothing, for a clean run).
     return 0 if rc in (0, launch.INCIDENT_EXIT) else rc
 

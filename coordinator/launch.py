@@ -42,8 +42,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--address", help="Ray cluster to join (default: start a local Ray)")
     p.add_argument("--job", help="job id (default: generated)")
     p.add_argument("--quiet", action="store_true", help="no progress lines, only the verdict")
-    p.add_argument("--grace", type=float, default=30.0,
-                   help="seconds to let a terminated job exit on its own before it is killed")
+    p.add_argument("--grace", type=float, default=10.0,
+                   help="seconds to let a terminated job exit on its own before its process tree is "
+                        "killed (msrun's scheduler otherwise waits for its own node timeout)")
+    p.add_argument("--log", type=Path,
+                   help="send CMD's stdout/stderr to this file instead of the terminal")
     p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD ...")
     return p
 
@@ -129,7 +132,12 @@ class Launch:
         cmd = self.args.cmd
         self.say(f"running: {' '.join(cmd)}")
         # A new session so the whole tree (msrun and its workers) can be signalled at once.
-        self.cmd_proc = subprocess.Popen(cmd, env=child_env(settings), start_new_session=True)
+        out = open(self.args.log, "ab") if self.args.log else None
+        self.cmd_proc = subprocess.Popen(cmd, env=child_env(settings), start_new_session=True,
+                                         stdout=out, stderr=subprocess.STDOUT if out else None)
+        if out is not None:
+            out.close()  # the child holds its own descriptor
+            self.say(f"command output -> {self.args.log}")
         progress = ProgressPrinter(self.say)
         killed_at: float | None = None
         while self.cmd_proc.poll() is None:
@@ -158,7 +166,8 @@ class Launch:
             return rc
         for inc in incidents:
             print(format_verdict(inc), flush=True)
-        terminated = any(inc.get("action_taken") == "terminate" or inc.get("state") == "terminated"
+        # A job that failed after rankscope terminated it failed *because* of the incident.
+        terminated = any(inc.get("policy") == "terminate" or inc.get("state") == "terminated"
                          for inc in incidents)
         return INCIDENT_EXIT if terminated and rc != 0 else rc
 
