@@ -85,15 +85,25 @@ def test_clashing_rank0_claims_get_distinct_ids_recorded_in_the_export(faulty):
     assert sum(r["remapped"] for r in rank_map) == WORKERS - 1
 
 
-def test_incident_names_the_faulty_worker_token_and_tensor(faulty):
+def test_incident_names_the_faulty_worker_and_block(faulty):
     inc = faulty["incident"]
     assert inc["detector"] == "replica"
     assert inc["first_diverging_rank"] == rank_of_worker(faulty, FAULTY_WORKER)
     assert inc["ties"] == []
     assert inc["step"] == 0  # the first request
     assert f"Cell.layers.{FAULTY_LAYER}.attn.qkv." in inc["tensor"]
-    assert token_of(inc["tensor"], TOKEN_RANGE) == FAULTY_TOKEN, inc["tensor"]
     assert f"rank {inc['first_diverging_rank']} diverged first" in faulty["proc"].stdout
+
+
+def test_incident_tensor_is_at_the_token_where_the_worker_departs(faulty):
+    # forward.<n> under token_range [a, b] is token a + n on every worker
+    tensor = faulty["incident"]["tensor"]
+    assert token_of(tensor, TOKEN_RANGE) == FAULTY_TOKEN, tensor
+
+
+def test_incident_token_field_is_the_departure_token(faulty):
+    inc = faulty["incident"]
+    assert inc.get("token") == FAULTY_TOKEN, (inc.get("token"), inc["tensor"])
 
 
 def test_every_worker_has_its_own_dump_folder_and_bundle(faulty):
