@@ -172,3 +172,19 @@ def test_malformed_name_tables_are_refused_without_huge_allocations() -> None:
     assert al.ranks[("j", 0)].names.key_of.shape[0] < 1 << 20
     [(_, view)] = al.ready(0.0)
     assert view.keys.names == ["a"] and view.present.all()
+
+
+def test_judged_steps_are_dropped_keeping_one_step_of_history() -> None:
+    clock = FakeClock()
+    core = CoordinatorCore({}, clock=clock)
+    sim = SyntheticTraining(ranks=4, tensors=16, seed=9)
+    core.series.max_steps = 16
+    for step in range(40):
+        for b in sim.batches(step):
+            core.on_step(b)
+        core.tick()
+    [grp] = core.aligner.groups.values()
+    assert grp.slots == {} and grp.judged_through == 39
+    assert grp.prev.step == 39 and grp.prev.prev is None  # one step, not a chain
+    series = core.series.to_dict()[grp.label]
+    assert series["steps"] == list(range(24, 40)) and len(series["loss"][0]) == 4
