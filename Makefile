@@ -6,7 +6,12 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-fast bench lint clean install
+.PHONY: demo test test-fast bench lint clean install system-deps
+
+# Debian tools some tests drive: headless Chromium renders report.html for the DOM test,
+# shellcheck checks the deploy scripts. Installed when missing and we can (root + apt);
+# otherwise those tests skip and say why.
+SYSTEM_TOOLS := chromium shellcheck
 
 install: $(STAMP)
 
@@ -23,8 +28,17 @@ demo: $(STAMP)
 	$(VENV)/bin/rankscope demo --export-dir demo-out
 
 # Unit tests, a real local Ray, real sockets, and a few real msrun jobs end to end.
-test: $(STAMP)
+test: $(STAMP) system-deps
 	$(PY) -m pytest -q -rs $(PYTEST_ARGS)
+
+system-deps:
+	@missing=""; for t in $(SYSTEM_TOOLS); do command -v $$t >/dev/null 2>&1 || missing="$$missing $$t"; done; \
+	if [ -z "$$missing" ]; then exit 0; fi; \
+	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		echo "installing$$missing (Debian packages)"; \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null) \
+			|| echo "warning: could not install$$missing; the tests that need them will skip"; \
+	else echo "note:$$missing not installed (needs root + apt-get); the tests that need them will skip"; fi
 
 # Everything but the msrun end-to-end jobs.
 test-fast: $(STAMP)
