@@ -198,3 +198,5 @@ def test_ranks_ending_after_rankscope_terminated_the_job_open_nothing(tmp_path) 
     assert core.tick() == [] and len(core.incidents()) == 1
     again = CoordinatorCore({}, clock=clock, export_dir=tmp_path)  # also after a restart
     assert sim.job in again.terminated_jobs
+    again.on_register(sim.job, 0, {"world_size": 4, "pid": 4242})  # a new run reusing the job id
+    assert sim.job not in again.terminated_jobs

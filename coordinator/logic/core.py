@@ -69,6 +69,10 @@ class CoordinatorCore:
 
     # --- ingestion ----------------------------------------------------------------
     def on_register(self, job: str, rank: int, info: dict[str, Any]) -> None:
+        if job in self.terminated_jobs and info.get("pid") is not None:
+            rec = self.aligner.ranks.get((job, rank))
+            if rec is None or rec.info.get("pid") != info["pid"]:
+                self.terminated_jobs.discard(job)  # new processes under the same job id: a new run
         self.aligner.register(job, rank, dict(info))
 
     def on_step(self, batch: StepBatch) -> None:
