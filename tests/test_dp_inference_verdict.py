@@ -91,9 +91,14 @@ def judge(batches) -> list:
     return core.tick() + core.drain()
 
 
-def test_clean_replicas_give_no_verdict(tmp_path, no_agent):
-    batches = [serve_one(w, None, tmp_path) for w in range(3)]
-    assert judge(batches) == []
+@pytest.fixture(scope="module")
+def clean(tmp_path_factory, no_agent):
+    tmp = tmp_path_factory.mktemp("clean")
+    return [serve_one(w, None, tmp) for w in range(3)]
+
+
+def test_clean_replicas_give_no_verdict(clean):
+    assert judge(clean) == []
 
 
 FAULTS = {  # spec -> (token, layer prefix) where worker 1 first departs
@@ -104,10 +109,12 @@ FAULTS = {  # spec -> (token, layer prefix) where worker 1 first departs
 
 
 @pytest.fixture(scope="module", params=sorted(FAULTS))
-def faulty(request, tmp_path_factory, no_agent):
+def faulty(request, tmp_path_factory, clean):
     spec = request.param
     tmp = tmp_path_factory.mktemp("verdict")
-    verdicts = judge([serve_one(w, spec, tmp) for w in range(3)])
+    # Workers 0 and 2 are clean whatever the spec (the fault is on worker 1): reuse
+    # their batches, so each fault costs one decode run.
+    verdicts = judge([clean[0], serve_one(1, spec, tmp), clean[2]])
     assert verdicts, f"{spec}: no verdict"
     return spec, min(verdicts, key=lambda v: v.sort_key())
 
