@@ -10,7 +10,7 @@ from coordinator.logic.core import CoordinatorCore
 from coordinator.logic.settings import parse_settings
 from coordinator.logic.synthetic import SyntheticTraining
 
-from logic_helpers import FakeClock
+from logic_helpers import FakeClock, feed_step
 
 
 def _batch(table: NameTable, rank: int, step: int, records: list[tuple[str, Kind, float]], job: str = "j"):
@@ -188,3 +188,22 @@ def test_judged_steps_are_dropped_keeping_one_step_of_history() -> None:
     assert grp.prev.step == 39 and grp.prev.prev is None  # one step, not a chain
     series = core.series.to_dict()[grp.label]
     assert series["steps"] == list(range(24, 40)) and len(series["loss"][0]) == 4
+
+
+def test_a_new_run_reusing_the_job_id_is_aligned_and_judged_from_scratch() -> None:
+    clock = FakeClock()
+    core = CoordinatorCore({}, clock=clock)
+    found = []
+    for run in range(2):
+        sim = SyntheticTraining(ranks=4, tensors=16, seed=10 + run)
+        for r in range(4):
+            core.on_register(sim.job, r, {"world_size": 4, "pid": 100 * (run + 1) + r})
+        for step in range(6 if run == 0 else 3):
+            batches = sim.batches(step)
+            if step == 2:  # the same fault in both runs: the NaN latch must not hide the second
+                batches[run + 1].nan_count[sim.column("Sentinel.grad_local.")] = 1
+            found += feed_step(core, clock, batches)
+        for r in range(4):
+            core.on_rank_finished(sim.job, r)
+    assert [(v.detector, v.rank, v.step) for v in found] == [("nan_origin", 1, 2), ("nan_origin", 2, 2)]
+    assert core.status()["counters"]["late_records"] == 0

@@ -144,6 +144,7 @@ class Group:
         self.prev: StepView | None = None
         self.state: dict[str, Any] = {}  # per-detector history, owned by the detectors
         self.fixed = fixed
+        self.generation = 0  # bumped when a new run reuses the job id (reset_group)
 
     def ranks(self) -> np.ndarray:
         return np.fromiter((m.rank for m in self.members), np.int64, len(self.members))
@@ -200,7 +201,13 @@ class StepAligner:
     def register(self, job: str, rank: int, info: dict[str, Any]) -> RankRecord:
         rec = self.rank(job, rank)
         if rec.state in (RankState.LOST, RankState.FINISHED) and info.get("pid") not in (None, rec.info.get("pid")):
+            grp = rec.group
+            if not any(m.state in (RankState.RUNNING, RankState.PAUSED, RankState.STALLED) for m in grp.members):
+                # Every process of the group had ended: this is a new run under the same
+                # job id. Its steps start again, so the group's alignment starts over.
+                self.reset_group(grp, info.get("world_size"))
             rec.state = RankState.EXPECTED  # a new process took this rank id (a restart): await it again
+            rec.names, rec.layout = RankNames(), None
         rec.info.update(info)
         ws = info.get("world_size")
         # In "dp"/"replicas" mode the group is the whole job: expect every rank of the
@@ -211,6 +218,16 @@ class StepAligner:
             for r in range(min(ws, 1 << 16)):
                 self.rank(job, r)
         return rec
+
+    def reset_group(self, grp: Group, world_size: Any = None) -> None:
+        grp.slots.clear()
+        grp.judged_through, grp.prev, grp.state = -1, None, {}
+        grp.generation += 1
+        for m in grp.members:
+            m.last_step, m.heartbeat_step, m.layout = -1, None, None
+            # The new run's world is awaited; ranks beyond it are not (the run may be smaller).
+            within = grp.fixed is not None or (isinstance(world_size, int) and m.rank < world_size)
+            m.state = RankState.EXPECTED if within else RankState.FINISHED
 
     # --- ingestion ----------------------------------------------------------------
     def ingest(self, b: StepBatch, now: float) -> None:
@@ -226,7 +243,8 @@ class StepAligner:
         n = len(b)
         self.counters["batches"] += 1
         rec.last_seen = now
-        if rec.state in (RankState.EXPECTED, RankState.STALLED):
+        if rec.state in (RankState.EXPECTED, RankState.STALLED) or \
+                (rec.state is RankState.FINISHED and rec.last_step < 0):
             rec.state = RankState.RUNNING
         if b.step > rec.last_step:
             rec.last_step = b.step

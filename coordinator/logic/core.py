@@ -73,7 +73,12 @@ class CoordinatorCore:
             rec = self.aligner.ranks.get((job, rank))
             if rec is None or rec.info.get("pid") != info["pid"]:
                 self.terminated_jobs.discard(job)  # new processes under the same job id: a new run
-        self.aligner.register(job, rank, dict(info))
+        rec = self.aligner.ranks.get((job, rank))
+        generation = rec.group.generation if rec is not None else None
+        rec = self.aligner.register(job, rank, dict(info))
+        if generation is not None and rec.group.generation != generation:
+            # A new run reuses the job id: what detectors stayed quiet about was the old run's.
+            self._quiet = {k: v for k, v in self._quiet.items() if k[1] != rec.group.label}
 
     def on_step(self, batch: StepBatch) -> None:
         if batch.rank < 0:  # a probe that never learned its rank: nothing to align it with
