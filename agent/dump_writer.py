@@ -14,19 +14,18 @@ because a rank can die at any moment and a torn dump.json is worse than none.
 """
 from __future__ import annotations
 
-import csv
 import datetime as _dt
-import hashlib
 import io
 import json
-import json.encoder as _json_encoder
 import os
 import threading
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
+from agent.dump_files import (atomic_write_bytes, atomic_write_json, dumps_json, group_stacks,  # noqa: F401
+                              mapped_file_name, merge_dir, rename_data_names, rmdir_quiet, write_mapping)
 from agent.records import StepOutput
 
 #: Longest file name most file systems accept (msProbe's FILE_NAME_LENGTH).
@@ -36,119 +35,8 @@ MAPPING_CSV = "mapping.csv"
 ERROR_LOG = "dump_error_info.log"
 #: Messages written to one step's error log before the rest are only counted.
 ERROR_LOG_LIMIT = 100
-_MAPPING_HEADER = ("file_name", "original_file_name")
 #: How many (step, rank) dumps a writer remembers for merging repeated emits.
 _KEEP_STEPS = 4
-
-
-def _json_default(obj: Any) -> Any:
-    # Entries are built on the hot path; accept NumPy scalars/arrays rather than make
-    # every producer convert.
-    if isinstance(obj, np.generic):
-        return obj.item()
-    if isinstance(obj, np.ndarray):
-        return obj.tolist()
-    if isinstance(obj, (bytes, bytearray)):
-        return obj.hex()
-    if isinstance(obj, os.PathLike):
-        return os.fspath(obj)
-    raise TypeError(f"{type(obj).__name__} is not JSON serialisable")
-
-
-def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
-    """Write ``data`` to ``path`` via a temp file in the same directory and a rename."""
-    path = os.fspath(path)
-    head, name = os.path.split(path)
-    if len(name.encode("utf-8")) > 200:  # the temp name must fit in 255 bytes as well
-        name = hashlib.sha1(name.encode("utf-8")).hexdigest()
-    tmp = os.path.join(head, f".{name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    try:
-        with open(tmp, "wb") as fh:
-            fh.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-
-
-def _make_encode() -> Callable[[Any], str]:
-    """One reusable C-accelerated compact encoder (json builds a new one per call)."""
-    c_make = getattr(_json_encoder, "c_make_encoder", None)
-    if c_make is None:  # an interpreter without the _json accelerator
-        return json.JSONEncoder(default=_json_default, ensure_ascii=False).encode
-    # Same arguments json.JSONEncoder.iterencode passes for ensure_ascii=False, no
-    # indent, no circular check (entries are trees built by the probe).
-    encoder = c_make(None, _json_default, _json_encoder.encode_basestring, None,
-                     ": ", ", ", False, False, True)
-    return lambda obj: "".join(encoder(obj, 0))
-
-
-_encode = _make_encode()
-
-
-def dumps_json(obj: Any) -> str:
-    """JSON text with one line per top-level key and per ``data`` entry.
-
-    msProbe writes ``indent=1``, but Python's json only uses its C encoder without an
-    indent, and the pure-Python one made a 30-entry step cost ~20 ms on the training
-    thread. Each entry encoded compactly by one reused C encoder keeps the file
-    readable (one entry per line, grep-able) at a fraction of the cost. Readers parse
-    JSON, not whitespace. NaN/Inf are written as NaN/Infinity, which Python's json
-    (and so msProbe) reads back.
-    """
-    if not isinstance(obj, dict) or not obj:
-        return _encode(obj)
-    key_text = _json_encoder.encode_basestring  # C; keys are str in everything we write
-    lines = []
-    for key, value in obj.items():
-        if isinstance(value, dict) and value and key == "data":
-            inner = ",\n".join(f"  {key_text(str(k))}: {_encode(v)}" for k, v in value.items())
-            lines.append(f" {key_text(str(key))}: {{\n{inner}\n }}")
-        else:
-            lines.append(f" {key_text(str(key))}: {_encode(value)}")
-    return "{\n" + ",\n".join(lines) + "\n}"
-
-
-def atomic_write_json(path: str | os.PathLike, obj: Any) -> None:
-    atomic_write_bytes(path, dumps_json(obj).encode("utf-8"))
-
-
-def mapped_file_name(name: str) -> str:
-    """32-digit stand-in for a file name too long for the file system.
-
-    msProbe/MindSpore use a random 32-digit string; a digest of the name is used here
-    instead so that two identical runs give bit-identical dumps.
-    """
-    digits = int.from_bytes(hashlib.sha256(name.encode("utf-8")).digest()[:16], "big") % 10**32
-    suffix = ".npy" if name.endswith(".npy") else ""
-    return f"{digits:032d}{suffix}"
-
-
-def group_stacks(stacks: dict) -> dict:
-    """Turn ``{entry name: stack}`` into msProbe's stack.json ``{"0": [[names], stack]}``.
-
-    A mapping already in msProbe's shape (digit keys, ``[names, stack]`` values) is
-    returned unchanged, so a producer may hand over either form.
-    """
-    if not stacks:
-        return {}
-    if all(isinstance(k, str) and k.isdigit() and isinstance(v, (list, tuple)) and len(v) == 2
-           and isinstance(v[0], list) for k, v in stacks.items()):
-        return dict(stacks)
-    grouped: dict[str, tuple[Any, list[str]]] = {}
-    for name, stack in stacks.items():
-        try:
-            key = tuple(stack) if isinstance(stack, list) else stack
-            hash(key)
-        except TypeError:  # nested lists/dicts: compare by their JSON text
-            key = _encode(stack)
-        if key not in grouped:
-            grouped[key] = (stack, [])
-        grouped[key][1].append(name)
-    return {str(i): [names, stack] for i, (stack, names) in enumerate(grouped.values())}
 
 
 class DumpWriter:
@@ -217,7 +105,7 @@ class DumpWriter:
         entries = out.entries
         mapped = self._mapped.get(key)
         if mapped:
-            entries = _rename_data_names(entries, mapped)
+            entries = rename_data_names(entries, mapped)
         prev["data"].update(entries)
         prev["stacks"].update(out.stacks)
         prev["construct"].update(out.construct)
@@ -266,13 +154,7 @@ class DumpWriter:
         if table.get(original) == file_name:
             return
         table[original] = file_name
-        rows = _read_mapping(tdir / MAPPING_CSV)
-        rows[file_name] = original
-        text = io.StringIO()
-        writer = csv.writer(text, lineterminator="\n")
-        writer.writerow(_MAPPING_HEADER)
-        writer.writerows(sorted(rows.items()))
-        atomic_write_bytes(tdir / MAPPING_CSV, text.getvalue().encode("utf-8"))
+        write_mapping(tdir / MAPPING_CSV, file_name, original)
 
     # ------------------------------------------------------------------ errors
     def log_error(self, step: int, rank_label: str, msg: str) -> None:
@@ -348,14 +230,14 @@ class DumpWriter:
                         continue
                     except OSError:
                         pass
-                clashes = _merge_dir(src, dst)
+                clashes = merge_dir(src, dst)
                 self._repoint_tensor_dir(dst)
                 if clashes:
                     kept.append(src)
                     self._note(dst, f"{src} kept: {len(clashes)} file(s) already present in {dst.name}: "
                                + ", ".join(sorted(clashes)[:10]))
                 else:
-                    _rmdir_quiet(src)
+                    rmdir_quiet(src)
         return kept
 
     def _repoint_tensor_dir(self, rdir: Path) -> None:
@@ -376,59 +258,3 @@ class DumpWriter:
                 fh.write(f"[{stamp}] {msg}\n")
         except OSError:
             pass
-
-
-def _merge_dir(src: Path, dst: Path) -> list[str]:
-    """Move src's contents into dst without replacing anything; return clashing names."""
-    clashes: list[str] = []
-    for item in sorted(src.iterdir()):
-        target = dst / item.name
-        if item.is_dir() and target.is_dir():
-            clashes.extend(f"{item.name}/{c}" for c in _merge_dir(item, target))
-            if not any(item.iterdir()):
-                _rmdir_quiet(item)
-        elif target.exists() or target.is_symlink():
-            clashes.append(item.name)
-        else:
-            try:
-                # link+unlink instead of rename: link fails if the name appeared meanwhile.
-                if item.is_dir():
-                    target.mkdir()
-                    clashes.extend(f"{item.name}/{c}" for c in _merge_dir(item, target))
-                    _rmdir_quiet(item)
-                else:
-                    os.link(item, target)
-                    item.unlink()
-            except FileExistsError:
-                clashes.append(item.name)
-    return clashes
-
-
-def _rmdir_quiet(path: Path) -> None:
-    try:
-        path.rmdir()
-    except OSError:
-        pass
-
-
-def _read_mapping(path: Path) -> dict[str, str]:
-    if not path.exists():
-        return {}
-    with open(path, newline="", encoding="utf-8") as fh:
-        rows = list(csv.reader(fh))
-    return {r[0]: r[1] for r in rows[1:] if len(r) >= 2}
-
-
-def _rename_data_names(obj: Any, mapped: dict[str, str]) -> Any:
-    """Copy of an entries tree with every over-long ``data_name`` replaced by its file name."""
-    if isinstance(obj, dict):
-        out = {}
-        for k, v in obj.items():
-            if k == "data_name" and isinstance(v, str) and v in mapped:
-                out[k] = mapped[v]
-            else:
-                out[k] = _rename_data_names(v, mapped)
-        return out
-    if isinstance(obj, list):
-        return [_rename_data_names(v, mapped) for v in obj]
-    return obj
