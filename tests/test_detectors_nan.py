@@ -78,3 +78,17 @@ def test_core_names_origin_once_then_stays_quiet_while_nan_spreads() -> None:
         found += feed_step(core, clock, batches)
     nan = [v for v in found if v.detector == "nan_origin"]
     assert [(v.rank, v.step) for v in nan] == [(6, 25)]
+
+
+def test_mixed_precision_runs_can_leave_routine_gradient_overflow_out() -> None:
+    """Dynamic loss scaling: an Inf local gradient is routine (the step is skipped)."""
+    clock = FakeClock()
+    core = CoordinatorCore({"detectors": {"nan_origin": {"kinds": ["forward", "loss", "param"]}}}, clock=clock)
+    sim = SyntheticTraining(ranks=4, tensors=32, seed=9)
+    batches = sim.batches(0)
+    batches[1].inf_count[sim.column("Sentinel.grad_local.layer1.")] = 4  # overflow: not a finding
+    assert [v for v in feed_step(core, clock, batches) if v.detector == "nan_origin"] == []
+    batches = sim.batches(1)
+    batches[3].nan_count[sim.column("Cell.layer0.")] = 2  # a NaN activation still is
+    [v] = [v for v in feed_step(core, clock, batches) if v.detector == "nan_origin"]
+    assert (v.rank, v.step, v.kind) == (3, 1, "forward")

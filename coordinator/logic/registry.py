@@ -25,11 +25,16 @@ def build_step_detectors(settings: CoordinatorSettings) -> list[Any]:
     d = settings.detectors
     out: list[Any] = []
     if d.nan_origin.enabled:
-        out.append(NanOriginDetector())
+        kinds = _kinds(d.nan_origin.kinds)
+        out.append(NanOriginDetector(None if kinds >= _kinds(tuple(k.name for k in Kind)) else kinds))
     if d.replica.enabled:
-        out.append(ReplicaDetector(frozenset(int(Kind[k.upper()]) for k in d.replica.kinds)))
+        out.append(ReplicaDetector(_kinds(d.replica.kinds)))
     if d.outlier.enabled:
         out.append(OutlierDetector(d.outlier))
     if settings.watchpoints:
         out.append(WatchpointDetector(settings.watchpoints))
     return out
+
+
+def _kinds(names: tuple[str, ...]) -> frozenset[int]:
+    return frozenset(int(Kind[k.upper()]) for k in names)

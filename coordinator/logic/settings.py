@@ -46,6 +46,11 @@ GROUP_MODES = ("dp", "replicas")
 @dataclass(frozen=True)
 class NanOriginSettings:
     enabled: bool = True
+    #: Record kinds searched for NaN/Inf. With dynamic loss scaling (mixed precision) an
+    #: Inf gradient is routine and the step is skipped: leave out "grad_local",
+    #: "grad_reduced" and "backward" there and forward/loss/param NaNs are still found.
+    kinds: tuple[str, ...] = ("forward", "backward", "param", "grad_local", "grad_reduced", "loss",
+                              "opt_state", "saved")
 
 
 @dataclass(frozen=True)

@@ -19,8 +19,13 @@ _PRE = frozenset(int(k) for k in PRE_REDUCTION_KINDS)
 class NanOriginDetector:
     name = "nan_origin"
 
+    def __init__(self, kinds: frozenset[int] | None = None) -> None:
+        self.kinds = kinds  # None: every kind
+
     def judge(self, view: StepView, state: dict) -> list[Verdict]:
         bad = view.present & ((view.nan > 0) | (view.inf > 0))
+        if self.kinds is not None:
+            bad &= kind_mask(view.kind, self.kinds)[None, :]
         if not bad.any():
             return []
         pre = bad & kind_mask(view.kind, _PRE)[None, :]
