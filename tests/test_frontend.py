@@ -4,6 +4,7 @@ other threads' calls run on the loop thread."""
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -105,3 +106,40 @@ def test_a_non_loopback_bind_without_curve_is_refused():
         fe.start()
     assert isinstance(err.value.__cause__, TransportError)
     assert fe.call(lambda: 1).exception() is not None  # not running: calls fail, never hang
+
+
+def test_curve_front_end_admits_allowlisted_agents_only(tmp_path):
+    import zmq
+    import zmq.auth
+
+    from agent.transport import CurveKeys, connect_dealer
+
+    allow = tmp_path / "allow"
+    allow.mkdir()
+    _, server_secret = zmq.auth.create_certificates(str(tmp_path), "coordinator")
+    friend_pub, friend_secret = zmq.auth.create_certificates(str(allow), "friend")
+    stranger_dir = tmp_path / "stranger"
+    stranger_dir.mkdir()
+    _, stranger_secret = zmq.auth.create_certificates(str(stranger_dir), "stranger")
+    server = CurveKeys.from_files(server_secret, allow_dir=allow)
+    rec = Recorder()
+    fe = Frontend(rec, "tcp://0.0.0.0:0", curve=server, tick_s=0.02)
+    endpoint = fe.start().replace("0.0.0.0", "127.0.0.1")
+    ctx = zmq.Context()
+    try:
+        socks = {}
+        for name, secret in (("friend", friend_secret), ("stranger", stranger_secret)):
+            keys = CurveKeys.from_files(secret, server_public_file=tmp_path / "coordinator.key")
+            socks[name] = connect_dealer(ctx, endpoint, f"agent:{name}:1".encode(), curve=keys)
+        socks["friend"].setsockopt(zmq.SNDTIMEO, 20_000)
+        socks["friend"].send(protocol.encode(protocol.Message(protocol.STATUS, "j", "rank:f", 0, {"what": "hi"})))
+        wait_for(lambda: [m[1]["what"] for m in rec.messages] == ["hi"])
+        time.sleep(0.5)  # the stranger had as long to shake hands; its keys are not on the list
+        with pytest.raises(zmq.Again):
+            socks["stranger"].send(b"x", flags=zmq.NOBLOCK)
+        assert [p for p in fe.peers] == [b"agent:friend:1"]
+    finally:
+        for s in socks.values():
+            s.close(linger=0)
+        ctx.term()
+        fe.stop()
