@@ -220,16 +220,23 @@ class Frontend:
                 steps.append(protocol.step_from_message(msg))
                 peer.ranks.add((msg.job, msg.body["rank"]))
             else:
+                # Keep arrival order: a rank's "finished" or "paused" must not overtake its steps.
+                if steps:
+                    self._steps(steps)
+                    steps = []
                 rank = msg.body.get("rank")
                 if isinstance(rank, int) and msg.type != protocol.BUNDLE_CHUNK:
                     peer.ranks.add((msg.job, rank))
                 self._guard(self.handlers.on_message, msg, peer)
         if steps:
-            wall = time.time()
-            if self.first_step_wall is None:
-                self.first_step_wall = wall
-            self.last_step_wall = wall
-            self._guard(self.handlers.on_steps, steps)
+            self._steps(steps)
+
+    def _steps(self, steps: list) -> None:
+        wall = time.time()
+        if self.first_step_wall is None:
+            self.first_step_wall = wall
+        self.last_step_wall = wall
+        self._guard(self.handlers.on_steps, steps)
 
     def _run_calls(self) -> None:
         while True:

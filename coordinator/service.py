@@ -23,8 +23,6 @@ from coordinator.metrics import CoordinatorMetrics
 log = logging.getLogger(__name__)
 
 _RANK_SRC = re.compile(r"rank:(\d+)")
-#: control verbs an operator may send, and their required args
-CONTROL_VERBS = ("pause", "resume", "step", "terminate", "export", "collect")
 
 
 class CoordinatorService(Handlers):
@@ -173,8 +171,8 @@ class CoordinatorService(Handlers):
         return self.frontend.call_sync(self._control, command, dict(args or {}))
 
     def _control(self, command: str, args: dict) -> dict:
-        if command not in CONTROL_VERBS:
-            raise ValueError(f"command: {command!r} is not one of {', '.join(CONTROL_VERBS)}")
+        if command not in protocol.CONTROL_COMMANDS:
+            raise ValueError(f"command: {command!r} is not one of {', '.join(sorted(protocol.CONTROL_COMMANDS))}")
         job = args.pop("job", None) or self.job or self._only_job()
         if command == "collect":
             return self._start_collect(job, args)

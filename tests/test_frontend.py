@@ -143,3 +143,21 @@ def test_curve_front_end_admits_allowlisted_agents_only(tmp_path):
             s.close(linger=0)
         ctx.term()
         fe.stop()
+
+
+def test_other_messages_never_overtake_the_steps_sent_before_them(front):
+    fe, rec = front
+    seen: list[str] = []
+    rec.on_steps = lambda batches: seen.extend(f"step{b.step}" for b in batches)
+    rec.on_message = lambda msg, peer: seen.append(msg.body["what"])
+    agent = SimAgent(fe.endpoint, "j")
+    try:
+        rng = np.random.default_rng(0)
+        for s in range(3):
+            agent.step(simulated_batch("j", 0, s, 4, rng))
+        agent.status("finished", 0, 2)
+        agent.step(simulated_batch("j", 1, 0, 4, rng))
+        wait_for(lambda: len(seen) == 5)
+        assert seen == ["step0", "step1", "step2", "finished", "step0"]
+    finally:
+        agent.close()
