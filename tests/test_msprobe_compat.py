@@ -294,22 +294,24 @@ def test_precision_debugger_tensor_dumps_compare(tensor_step):
     assert compared >= 12
 
 
-def test_debug_level_save_dumps_compare(tmp_path):
-    """PrecisionDebugger.save at level "debug" goes to debug.json; msProbe compares those too."""
+def test_debug_level_save_dumps_in_proc_folders_compare(tmp_path):
+    """PrecisionDebugger.save at level "debug" goes to debug.json; a single process without
+    a rank dumps to proc{pid}. msProbe's step-folder compare handles both."""
     entries = {}
-    for side, scale in (("npu", 2.0), ("bench", 1.0)):
+    for side, scale, pid in (("npu", 2.0, 111), ("bench", 1.0, 222)):
         w = DumpWriter(tmp_path / side, "statistics", "debug")
         a = np.arange(6, dtype=np.float32) * scale
         leaf = {"type": "mindspore.Tensor", "dtype": "Float32", "shape": [6], "Max": float(a.max()),
                 "Min": float(a.min()), "Mean": float(a.mean()), "Norm": float(np.linalg.norm(a))}
         entries[side] = {"act.0.debug": {"data": leaf},
                          "mixed.0.debug": {"data": {"t": leaf, "n": {"type": "int", "value": 3}}}}
-        w.emit(StepOutput(StepBatch.empty("job", 0, 0), "rank0", entries=entries[side],
+        w.emit(StepOutput(StepBatch.empty("job", 0, 0), f"proc{pid}", entries=entries[side],
                           stacks={k: STACK for k in entries[side]}, construct={}))
-    result = run_msprobe_compare(tmp_path / "npu", tmp_path / "bench", tmp_path / "out")
-    assert result.name.startswith("debug_compare_result")
-    rows = by_name(read_compare_result(result))
-    exp_npu, exp_bench = expected_rows(entries["npu"]), expected_rows(entries["bench"])
+    results = run_msprobe_compare_ranks(tmp_path / "npu" / "step0", tmp_path / "bench" / "step0", tmp_path / "o")
+    assert list(results) == ["proc111"]
+    assert results["proc111"].name.startswith("debug_compare_result")
+    rows = by_name(read_compare_result(results["proc111"]))
+    exp_npu = expected_rows(entries["npu"])
     assert set(rows) == set(exp_npu) == {"act.0.debug.data", "mixed.0.debug.data.t", "mixed.0.debug.data.n"}
     for name in ("act.0.debug.data", "mixed.0.debug.data.t"):
         assert close(rows[name]["NPU max"], exp_npu[name]["Max"]) and close(rows[name]["Bench max"], 5.0)
