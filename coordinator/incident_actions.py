@@ -80,7 +80,8 @@ class ActionPerformer:
             self.assemblers.setdefault(iid, BundleAssembler(incident_dir(self.export_dir, iid)))
             self.send_control("export", job=job, incident=iid, args={"transfer": iid})
         elif kind == ActionKind.WRITE_INCIDENT:
-            self._finish_bundles(iid)
+            # Ranks whose bundle did not complete stay out of "bundles" (incident.json lists
+            # them under missing_bundles; the report shows what did arrive of them).
             path = self.core.write_incident(iid)
             inc = next((i for i in self.core.incidents() if i["incident_id"] == iid), None)
             group = (inc or {}).get("verdict", {}).get("group")
@@ -102,18 +103,6 @@ class ActionPerformer:
                 self.reported.add((iid, rank))
                 self.core.on_bundle(iid, rank, str(rank_dir))
         return True
-
-    def _finish_bundles(self, iid: str) -> None:
-        """At export timeout: a rank whose files arrived but never completed a manifest
-        still gets its directory listed (incident.json says what is missing)."""
-        asm = self.assemblers.get(iid)
-        if asm is None:
-            return
-        for rank_dir in sorted(asm.dest_root.glob("rank_*")):
-            rank = rank_dir.name[len("rank_"):]
-            if rank.isdigit() and (iid, int(rank)) not in self.reported and any(rank_dir.rglob("*")):
-                self.reported.add((iid, int(rank)))
-                self.core.on_bundle(iid, int(rank), str(rank_dir))
 
     def problems(self, iid: str) -> list[str]:
         asm = self.assemblers.get(iid)

@@ -40,6 +40,7 @@ def _incident(tmp: Path, ranks: int = 6, steps: int = 12, bad_rank: int = 4, bad
         "evidence": {"rule": "nan_count > 0 before the reduction", "group_values": {"3": 0, "4": 12}},
         "ranks": {str(r): {"state": "paused", "step": bad_step + 1} for r in range(ranks)},
         "bundles": {str(r): str(d / f"rank_{r}") for r in (*bundles, 5)}, "ties": [],
+        "missing_bundles": [1, 3],
     }
     (d / "incident.json").write_text(json.dumps(doc))
     save_history(d, history_from_series(_series(ranks, steps, bad_rank, bad_step)))
@@ -102,7 +103,8 @@ def test_report_renders_in_headless_chromium(tmp_path):
     assert dom.count('class="curve" data-rank="4"') == 2
     # evidence and bundles, including a rank whose bundle never arrived
     assert "nan_count &gt; 0 before the reduction" in dom
-    assert dom.count('class="bundle"') == 2 and 'class="bundle missing" data-rank="5"' in dom
+    assert dom.count('class="bundle"') == 1 and 'class="bundle incomplete" data-rank="1"' in dom
+    assert 'class="bundle missing" data-rank="5"' in dom and 'class="bundle missing" data-rank="3"' in dom
     assert '<strong id="first-rank">4</strong>' in dom
 
 

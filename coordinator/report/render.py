@@ -45,7 +45,8 @@ def render_report(incident_dir: Path | str, history: dict | None = None) -> Path
         page = page.replace("{{" + key + "}}", html.escape(str(val)))
     page = page.replace("{{evidence_table}}", _evidence_table(incident.get("evidence") or {}))
     page = page.replace("{{ranks_table}}", _ranks_table(incident.get("ranks") or {}))
-    page = page.replace("{{bundle_table}}", _bundle_table(incident_dir, incident.get("bundles") or {}))
+    page = page.replace("{{bundle_table}}", _bundle_table(incident_dir, incident.get("bundles") or {},
+                                                          incident.get("missing_bundles") or []))
     page = page.replace("{{data_json}}", _script_json(data))
     out = incident_dir / REPORT_FILE
     tmp = out.with_suffix(".html.tmp")
@@ -108,22 +109,26 @@ def _ranks_table(ranks: dict | list) -> str:
             f"<tbody>{''.join(rows)}</tbody></table>")
 
 
-def _bundle_table(incident_dir: Path, bundles: dict) -> str:
-    """Every rank's bundle: the files actually on disk, plus ranks whose bundle is missing."""
+def _bundle_table(incident_dir: Path, bundles: dict, missing: list) -> str:
+    """Every rank's bundle as it is on disk; a rank whose bundle never completed is
+    marked incomplete (some files arrived) or missing (nothing did)."""
+    incomplete = {str(r) for r in missing}
     rows = []
     seen = set()
     for rank_dir in sorted(p for p in incident_dir.glob("rank_*") if p.is_dir()):
-        files = sorted(f for f in rank_dir.rglob("*") if f.is_file())
+        files = sorted(f for f in rank_dir.rglob("*") if f.is_file() and not f.name.startswith("."))
         size = sum(f.stat().st_size for f in files)
         rank = rank_dir.name[len("rank_"):]
         seen.add(rank)
-        rows.append(f'<tr class="bundle" data-rank="{html.escape(rank)}"><td>{html.escape(rank)}</td>'
+        cls = "bundle incomplete" if rank in incomplete else "bundle"
+        rows.append(f'<tr class="{cls}" data-rank="{html.escape(rank)}"><td>{html.escape(rank)}</td>'
                     f"<td><code>{html.escape(rank_dir.name)}/</code></td><td>{len(files)}</td>"
-                    f"<td>{size}</td></tr>")
-    for rank, path in sorted(bundles.items(), key=lambda kv: str(kv[0])):
-        if str(rank) not in seen:
-            rows.append(f'<tr class="bundle missing" data-rank="{html.escape(str(rank))}">'
-                        f"<td>{html.escape(str(rank))}</td><td>{_cell(path)}</td><td>0</td><td>missing</td></tr>")
+                    f"<td>{size}{' (incomplete)' if rank in incomplete else ''}</td></tr>")
+    for rank in sorted({str(r) for r in bundles} | incomplete, key=str):
+        if rank not in seen:
+            rows.append(f'<tr class="bundle missing" data-rank="{html.escape(rank)}">'
+                        f"<td>{html.escape(rank)}</td><td>{_cell(bundles.get(rank, ''))}</td><td>0</td>"
+                        "<td>missing</td></tr>")
     if not rows:
         return '<p class="muted" id="bundles">No bundles were received.</p>'
     return ('<table id="bundles"><thead><tr><th>rank</th><th>directory</th><th>files</th><th>bytes</th>'
