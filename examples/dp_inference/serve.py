@@ -103,6 +103,13 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, name) < 1:
             print(f"serve: --{name} must be >= 1, got {getattr(args, name)}", file=sys.stderr)
             return 2
+    if os.environ.get("RANKSCOPE_ATTACH") == "1" and not args.debugger:
+        # Zero-code attach finds a model through value_and_grad/grad/Model.train; a
+        # decode loop has none, so without --debugger the workers would run unprobed
+        # and the launch would report "no divergence" having compared nothing.
+        print("serve: under rankscope launch without --debugger: zero-code attach does not find "
+              "an inference model yet, so the workers are not compared; add --debugger",
+              file=sys.stderr, flush=True)
     out = args.out or Path(tempfile.mkdtemp(prefix="dp_inference-"))
     out.mkdir(parents=True, exist_ok=True)
     (out / GO).unlink(missing_ok=True)
