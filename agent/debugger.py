@@ -114,6 +114,7 @@ class PrecisionDebugger:
         self._flush(done)
         self.current_step += 1
         self.recorder.step = self.current_step
+        self._save_count.clear()
         self.cells.new_step()
         self.apis.new_step()
         self.sentinels.new_step()
@@ -128,27 +129,34 @@ class PrecisionDebugger:
         self._update_dumping()
 
     def save(self, variable: Any, name: str, save_backward: bool = True) -> None:
-        """Single-point save (msProbe's debug level): ``{name}.{n}.debug`` entries."""
+        """Single-point save (msProbe's debug level, written to debug.json):
+        ``{name}.{n}.debug`` for the value, ``{name}_grad.{n}.debug`` for its gradient."""
         if not isinstance(name, str) or not name:
             raise ValueError(f"name = {name!r}: expected a non-empty string")
-        if not self.config.step_selected(self.current_step):
-            return
+        if self.config.level != "debug" or not self.config.step_selected(self.current_step) \
+                or not self.config.rank_selected(self.rank):
+            return  # msProbe ignores save() outside the debug level
         r = self.recorder
         try:
             n = self._save_count.get(name, 0)
             self._save_count[name] = n + 1
             key = f"{name}.{n}.debug"
-            r.put(key, {"data": r.value(key, Kind.SAVED, variable)}, stack=True)
-            if save_backward and hasattr(variable, "register_hook") and "Float" in str(getattr(variable, "dtype", "")):
-                bkey = f"{name}.{n}.backward.debug"
+            r.entries[key] = r.value(key, Kind.SAVED, variable)
+            r.construct.setdefault(key, None)
+            if save_backward and hasattr(variable, "register_hook"):
+                bkey = f"{name}_grad.{n}.debug"
 
                 def grad_hook(grad):  # noqa: ANN001
                     try:
-                        r.put(bkey, {"data": r.tensor(bkey, Kind.SAVED, grad)}, stack=False)
+                        r.entries[bkey] = r.tensor(bkey, Kind.SAVED, grad)
+                        r.construct.setdefault(bkey, None)
                     except Exception as exc:  # noqa: BLE001
                         r.error(f"save {name} backward", exc)
                     return None
-                variable.register_hook(grad_hook)
+                try:
+                    variable.register_hook(grad_hook)
+                except Exception:  # noqa: BLE001 - not in a graph: no gradient to save
+                    pass
         except Exception as exc:  # noqa: BLE001
             r.error(f"save {name}", exc)
 
