@@ -171,7 +171,9 @@ class AgentClient:
                         self._connected.clear()
                 if self._want_register and watch.connected and self._claim is not None:
                     self._want_register = not io.send(protocol.REGISTER, self._claim.body())
-                if sock.poll(20, zmq.POLLIN):
+                # Do not sleep in poll while steps are waiting to go out.
+                busy = watch.connected and (self._q or io.pending_out is not None or not self._outbox.empty())
+                if sock.poll(0 if busy else 20, zmq.POLLIN):
                     io.receive()
                 if watch.connected:
                     io.pump()

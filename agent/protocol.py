@@ -126,6 +126,9 @@ def _pack_default(obj: Any) -> Any:
     raise TypeError(f"cannot encode {type(obj).__name__} on the wire")
 
 
+_ACCEPTED_DTYPES: dict[str, np.dtype] = {}
+
+
 def decode_array(obj: Any, what: str) -> np.ndarray:
     """Rebuild an array, refusing non-numeric dtypes and byte counts that do not fit."""
     if not isinstance(obj, dict) or set(obj) != {"d", "s", "b"}:
@@ -133,12 +136,18 @@ def decode_array(obj: Any, what: str) -> np.ndarray:
     dstr, shape, raw = obj["d"], obj["s"], obj["b"]
     if not isinstance(dstr, str) or not isinstance(shape, list) or not isinstance(raw, bytes):
         raise ProtocolError("bad_array", f"{what}: wrong field types")
-    try:
-        dtype = np.dtype(dstr)
-    except TypeError as exc:
-        raise ProtocolError("bad_dtype", f"{what}: {dstr!r}") from exc
-    if dtype.kind not in _NUMERIC_KINDS or dtype.hasobject or dtype.fields is not None:
-        raise ProtocolError("bad_dtype", f"{what}: non-numeric dtype {dstr!r}")
+    dtype = _ACCEPTED_DTYPES.get(dstr)
+    if dtype is None:
+        try:
+            dtype = np.dtype(dstr)
+        except TypeError as exc:
+            raise ProtocolError("bad_dtype", f"{what}: {dstr!r}") from exc
+        if dtype.kind not in _NUMERIC_KINDS or dtype.hasobject or dtype.fields is not None:
+            raise ProtocolError("bad_dtype", f"{what}: non-numeric dtype {dstr!r}")
+        # Parsing a dtype string costs more than the rest of the array check; only a
+        # handful of accepted ones ever occur, so remember them (bounded: a peer cannot grow it).
+        if len(_ACCEPTED_DTYPES) < 64:
+            _ACCEPTED_DTYPES[dstr] = dtype
     if len(shape) > 8 or not all(isinstance(d, int) and 0 <= d for d in shape):
         raise ProtocolError("bad_shape", f"{what}: {shape!r}")
     expected = dtype.itemsize * math.prod(shape)
