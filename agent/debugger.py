@@ -96,10 +96,13 @@ class PrecisionDebugger:
             self._guard("attaching cell hooks", lambda: self.cells.attach(model))
         if cfg.level in ("L1", "mix") and not self.apis.active:
             self._guard("wrapping APIs", lambda: self.apis.attach(primitives=model is not None))
-        if tr is not None and self._token_hooks is None:
-            root = model[0] if isinstance(model, (list, tuple)) else model
-            self._token = TokenCounter(tr[0], tr[1], self._on_token)
-            self._token_hooks = TokenRangeHooks(root, self._token)
+        if tr is not None:
+            if self._token_hooks is None:
+                root = model[0] if isinstance(model, (list, tuple)) else model
+                self._token = TokenCounter(tr[0], tr[1], self._on_token)
+                self._token_hooks = TokenRangeHooks(root, self._token)
+            else:  # msProbe counts tokens from 0 again at every start()
+                self._token.reset(tr[0], tr[1])
         self._started = True
         self._update_dumping()
 
@@ -185,11 +188,6 @@ class PrecisionDebugger:
                 sink.close()
             except Exception:  # noqa: BLE001
                 pass
-        if self.rdr is not None:
-            try:
-                self.rdr.uninstall()
-            except Exception:  # noqa: BLE001
-                pass
         if PrecisionDebugger.current is self:
             PrecisionDebugger.current = None
 
@@ -208,18 +206,17 @@ class PrecisionDebugger:
             log.warning("rankscope: %s failed: %r", what, exc)
 
     def _install_rdr(self) -> Any:
-        """H4's crash recorder when ``rdr`` (config or MS_RDR_* env) enables it."""
+        """H4's crash recorder when ``rdr`` (config or MS_RDR_* env) enables it; one per
+        process (a user debugger after autoattach reuses the first)."""
         try:
-            from agent.rdr.recorder import RdrRecorder
+            from agent.rdr.recorder import install_rdr
             from agent.rdr.settings import resolve_rdr
         except ImportError:
             return None
-        settings = resolve_rdr(self.config.rdr)  # a bad section raises ConfigError here
-        if not settings.enable:
-            return None
+        resolve_rdr(self.config.rdr)  # a bad section raises ConfigError at construction
         try:
-            return RdrRecorder(settings, flight_recorder=self.flight_recorder,
-                               config=self.config.to_dict()).install()
+            return install_rdr(self.config.rdr, flight_recorder=self.flight_recorder,
+                               config=self.config.to_dict())
         except Exception as exc:  # noqa: BLE001
             self.recorder.error("installing the RDR recorder", exc)
             return None

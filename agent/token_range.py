@@ -35,6 +35,10 @@ class TokenCounter:
         self.current = -1
         self._on_change = on_change
 
+    def reset(self, start: int, end: int) -> None:
+        self.start, self.end = start, end
+        self.next_index, self.depth, self.current = 0, 0, -1
+
     @property
     def in_range(self) -> bool:
         return self.start <= self.current <= self.end

@@ -218,6 +218,14 @@ def test_token_range_records_only_calls_a_to_b(tmp_path):
     # they are tokens 1 and 2: compare with the outputs of those calls
     assert data["Cell.fc2.Dense.forward.0"]["output"][0]["Max"] == pytest.approx(float(outs[1].asnumpy().max()))
     assert data["Cell.fc2.Dense.forward.1"]["output"][0]["Max"] == pytest.approx(float(outs[2].asnumpy().max()))
+    # the next request (step) counts its tokens from 0 again, as msProbe does at start()
+    dbg.start(model=net, token_range=[0, 0])
+    outs = [net(x * (i + 1)) for i in range(3)]
+    dbg.stop()
+    dbg.step()
+    data = load(tmp_path / "d", 1, f"proc{os.getpid()}")["data"]
+    assert sorted(k for k in data if k.startswith("Cell.fc2.Dense.forward.")) == ["Cell.fc2.Dense.forward.0"]
+    assert data["Cell.fc2.Dense.forward.0"]["output"][0]["Max"] == pytest.approx(float(outs[0].asnumpy().max()))
 
 
 def test_l1_api_wrapping_and_custom_api(tmp_path):
