@@ -1,6 +1,7 @@
 """Peer outlier: a rank's local loss / grad norm / activation norm against its group and history."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from coordinator.logic.core import CoordinatorCore
@@ -168,3 +169,23 @@ def test_outlier_can_be_switched_off() -> None:
     s = parse_settings({"detectors": {"outlier": False}})
     core = CoordinatorCore(s, clock=FakeClock())
     assert all(d.name != "outlier" for d in core.detectors)
+
+
+def test_a_routinely_wild_column_does_not_blunt_the_quiet_ones() -> None:
+    """An MoE-like expert gradient: some rank routes few tokens to it every step (norm
+    x0.05). That column learns its spread; a x10 in an ordinary layer is still found."""
+    sim = SyntheticTraining(ranks=8, tensors=32, seed=12)
+    det = OutlierDetector(OutlierSettings())
+    expert, dense = sim.column("Sentinel.grad_local.layer4."), sim.column("Sentinel.grad_local.layer1.")
+    rng = np.random.default_rng(0)
+    state: dict = {"judge": StepJudge()}
+    for step in range(60):
+        batches = sim.batches(step)
+        if step >= 2:  # from the start of the run (after the first steps)
+            batches[int(rng.integers(8))].stats[expert, 3] *= 0.05
+        if step == 59:
+            batches[6].stats[dense, 3] *= 10
+        found = det.judge(state["judge"].view(batches), state)
+        if step < 59:
+            assert found == [], (step, found and found[0].summary())
+    assert [(v.rank, v.tensor) for v in found] == [(6, sim.names[dense])]

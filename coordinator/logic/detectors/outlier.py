@@ -46,45 +46,72 @@ class OutlierDetector:
         self.log_ratio = math.log(settings.ratio)
         self.log_hist_ratio = math.log(settings.history_ratio)
 
-    def _peer(self, y: np.ndarray, z: float, log_floor: float, kinds: np.ndarray,
+    def _peer(self, y: np.ndarray, z: float, log_floor: float, kinds: np.ndarray, cols: np.ndarray,
               tails: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         n = np.isfinite(y).sum(axis=0)
         med = nanmedian0(y)
-        ad = np.abs(y - med[None, :])
+        dev = y - med[None, :]
+        ad = np.abs(dev)
         mad = nanmedian0(ad)
-        floor = self._tail_floor(tails, kinds, log_floor)
+        floor, learned = self._tail_floor(tails, kinds, cols, log_floor)
         with np.errstate(invalid="ignore"):
-            flag = (ad > z * _SIGMA * mad[None, :]) & (ad > floor[None, :]) & (n >= self.s.min_ranks)[None, :]
-        self._tail_update(tails, kinds, np.where(flag | ~np.isfinite(ad), -np.inf, ad))
+            # Before a column has history only a high-side jump counts: values that
+            # collapse on one rank (sparse / MoE layers given few tokens) are routine.
+            beyond = np.where(learned[None, :], ad, dev) > floor[None, :]
+            flag = (ad > z * _SIGMA * mad[None, :]) & beyond & (n >= self.s.min_ranks)[None, :]
+        self._tail_update(tails, kinds, cols, np.where(flag | ~np.isfinite(ad), np.nan, ad))
         return flag, med, mad, floor
 
-    # Heavy-tailed but healthy values (local loss of small micro-batches late in a run)
-    # would defeat a fixed floor. So each kind (loss, local grad norms, activation norms)
-    # learns its usual spread: an EWMA over steps of the pooled scale of log deviations
-    # over all ranks and columns of that kind (1.2533 x mean |deviation|, the exact zero of
-    # each column's median element left out, flagged values excluded). The floor is then
-    # max(ratio, tail_factor x that scale): in a quiet kind a x10 rank is found; in a kind
-    # where ranks routinely differ by 5x it takes far more. Until a kind has _TAIL_WARMUP
-    # steps the floor is ratio squared, since nothing is known about its spread yet.
+    # Heavy-tailed but healthy values (local loss of small micro-batches late in a run,
+    # the gradient of an MoE expert that got few tokens on one rank) would defeat a fixed
+    # floor. So each kind (loss, local grad norms, activation norms) and each column learn
+    # their usual spread: an EWMA over steps of 1.2533 x the mean |log deviation| from the
+    # median (the exact zero of a column's median element left out, flagged values
+    # excluded), pooled over the kind's ranks and columns, and per column. The floor is
+    # max(ratio, tail_factor x the larger of the two): in a quiet column a x10 rank is
+    # found; where ranks routinely differ by 5x it takes far more. Until a column has
+    # _TAIL_WARMUP steps the floor is ratio squared and only rises count: nothing is
+    # known of its spread yet.
     _TAIL_ALPHA = 0.05
     _TAIL_WARMUP = 5
 
-    def _tail_floor(self, tails: dict, kinds: np.ndarray, log_floor: float) -> np.ndarray:
-        ew = tails.setdefault("scale", np.zeros(16))
-        cnt = tails.setdefault("n", np.zeros(16, np.int64))
-        learned = cnt[kinds] >= self._TAIL_WARMUP
-        return np.where(learned, np.maximum(log_floor, self.s.tail_factor * ew[kinds]), 2 * log_floor)
+    @staticmethod
+    def _grow(tails: dict, k: int) -> tuple[np.ndarray, np.ndarray]:
+        cs, cn = tails.get("col_scale"), tails.get("col_n")
+        if cs is None or cs.shape[0] < k:
+            size = max(k, 64 if cs is None else 2 * cs.shape[0])
+            new_s, new_n = np.zeros(size), np.zeros(size, np.int64)
+            if cs is not None:
+                new_s[: cs.shape[0]], new_n[: cn.shape[0]] = cs, cn
+            cs, cn = tails["col_scale"], tails["col_n"] = new_s, new_n
+        return cs, cn
 
-    def _tail_update(self, tails: dict, kinds: np.ndarray, ad: np.ndarray) -> None:
-        ew, cnt = tails["scale"], tails["n"]
-        for k in np.unique(kinds):
-            vals = ad[:, kinds == k]
-            vals = vals[np.isfinite(vals) & (vals > 0)]
-            if vals.shape[0] == 0:
-                continue
-            scale = 1.2533 * float(vals.mean())
-            ew[k] = scale if cnt[k] == 0 else ew[k] + self._TAIL_ALPHA * (scale - ew[k])
-            cnt[k] += 1
+    def _tail_floor(self, tails: dict, kinds: np.ndarray, cols: np.ndarray,
+                    log_floor: float) -> tuple[np.ndarray, np.ndarray]:
+        ew = tails.setdefault("scale", np.zeros(16))
+        cs, cn = self._grow(tails, int(cols.max()) + 1)
+        learned = cn[cols] >= self._TAIL_WARMUP
+        spread = np.maximum(ew[kinds], cs[cols])
+        return np.where(learned, np.maximum(log_floor, self.s.tail_factor * spread), 2 * log_floor), learned
+
+    def _tail_update(self, tails: dict, kinds: np.ndarray, cols: np.ndarray, ad: np.ndarray) -> None:
+        ew = tails["scale"]
+        cs, cn = tails["col_scale"], tails["col_n"]
+        ok = np.isfinite(ad) & (ad > 0)
+        cnt = ok.sum(axis=0)
+        col_scale = 1.2533 * np.where(ok, ad, 0.0).sum(axis=0) / np.maximum(cnt, 1)
+        has = cnt > 0
+        c = cols[has]
+        cn[c] += 1
+        # A plain mean over the first 1/alpha steps, an EWMA after: the first step alone
+        # must not stand for the column's spread.
+        cs[c] += np.maximum(1.0 / cn[c], self._TAIL_ALPHA) * (col_scale[has] - cs[c])
+        kn = tails.setdefault("kind_n", np.zeros(16, np.int64))
+        for k in np.unique(kinds[has]):
+            sel = has & (kinds == k)
+            scale = float((col_scale[sel] * cnt[sel]).sum() / cnt[sel].sum())  # pooled over cells
+            kn[k] += 1
+            ew[k] += max(1.0 / kn[k], self._TAIL_ALPHA) * (scale - ew[k])
 
     def judge(self, view: StepView, state: dict) -> list[Verdict]:
         cols = np.flatnonzero(kind_mask(view.kind, _KINDS))
@@ -92,7 +119,8 @@ class OutlierDetector:
             return []
         y = log_values(view, cols)
         kinds = view.kind[cols].astype(np.int64)
-        flag_peer, med, mad, floor = self._peer(y, self.s.z, self.log_ratio, kinds, state.setdefault("tail", {}))
+        flag_peer, med, mad, floor = self._peer(y, self.s.z, self.log_ratio, kinds, cols,
+                                                state.setdefault("tail", {}))
         view.cache["log_norms"] = (cols, y, med)  # reused by the report series
         flag_hist, level = self._history(y, cols, kinds, state, view.ranks.shape[0])
         flag = flag_peer | flag_hist
@@ -138,7 +166,7 @@ class OutlierDetector:
         if self.s.history:
             d = np.where(fin & (c >= self.s.min_history), y - m, np.nan)
             if (np.isfinite(d).sum(axis=0) >= self.s.min_ranks).any():
-                flag, _, _, _ = self._peer(d, self.s.history_z, self.log_hist_ratio, kinds,
+                flag, _, _, _ = self._peer(d, self.s.history_z, self.log_hist_ratio, kinds, cols,
                                            state.setdefault("hist_tail", {}))
             else:
                 lim = np.maximum(self.s.history_z * _MEAN_ABS_TO_SIGMA * a, self.log_hist_ratio)
