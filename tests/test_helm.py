@@ -453,3 +453,76 @@ def test_rendered_scripts_and_probes_parse(chart, tmp_path):
     assert python_probes
     for code in python_probes:
         compile(code, "probe", "exec")
+
+
+def test_rendered_agent_container_runs_and_reaches_a_curve_coordinator(chart, tmp_path):
+    """The DaemonSet's container command, run as rendered (host paths moved under tmp,
+    the Service name pointed at a local port): the real agent starts, its socket is
+    group-connectable only and passes the readiness probe, and it reaches a CURVE ROUTER
+    that holds the head pod's projected keys."""
+    import subprocess
+    import sys
+
+    import zmq
+
+    from agent import keys_cli, protocol
+    from agent.transport import CurveKeys, bind_router, stop_authenticator
+
+    keys = tmp_path / "keys"
+    for name in ("coordinator", "agent"):
+        keys_cli.main(["new", name, "--dir", str(keys)])
+    values = {"curve": {"create": True, "keys": {
+        "coordinatorPublic": (keys / "coordinator.key").read_text(),
+        "coordinatorSecret": (keys / "coordinator.key_secret").read_text(),
+        "agentPublic": (keys / "agent.key").read_text(),
+        "agentSecret": (keys / "agent.key_secret").read_text()}}}
+    objs, _ = render(chart, values)
+    secret = objs[f"Secret/{FULLNAME}-curve"]
+    head_dir = _project_secret(volume(head_pod(objs), "curve"), secret, tmp_path / "head")
+    pod = daemonset(objs)["spec"]["template"]["spec"]
+    agent_dir = _project_secret(volume(pod, "curve"), secret, tmp_path / "node")
+    agent = container(pod, "agent")
+
+    ctx = zmq.Context()
+    coord_keys = CurveKeys.from_files(head_dir / "coordinator.key_secret", allow_dir=head_dir / "allowed")
+    router, bound = bind_router(ctx, "tcp://127.0.0.1:0", coord_keys)
+    host_dirs = {"/run/rankscope": tmp_path / "run", "/var/lib/rankscope": tmp_path / "state",
+                 "/etc/rankscope/curve": agent_dir, f"tcp://{FULLNAME}-coordinator.{NAMESPACE}.svc:5555": bound}
+    (tmp_path / "run").mkdir()
+
+    def localise(arg: str) -> str:
+        for k, v in host_dirs.items():
+            arg = arg.replace(k, str(v))
+        return arg.replace("$(NODE_NAME)", "node-1")
+
+    env = {e["name"]: e["value"] for e in agent["env"] if "value" in e}
+    env.update(PATH=f"{Path(sys.executable).parent}:/usr/bin:/bin", NODE_NAME="node-1")
+    proc = subprocess.Popen([localise(a) for a in agent["command"] + agent["args"]], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        poller = zmq.Poller()
+        poller.register(router, zmq.POLLIN)
+        status = None
+        for _ in range(150):  # up to ~30 s on a loaded machine; normally the first 2 s
+            if proc.poll() is not None:
+                break
+            if poller.poll(200):
+                ident, frame = router.recv_multipart()
+                msg = protocol.Decoder(job=None).decode(frame)
+                if msg is not None and msg.type == protocol.STATUS:
+                    status = (ident, msg)
+                    break
+        assert status is not None, f"no STATUS from the agent: rc={proc.poll()}"
+        ident, msg = status
+        assert ident.startswith(b"agent:node-1:") and msg.body["detail"]["host"] == "node-1"
+        sock = tmp_path / "run" / "agent.sock"
+        assert oct(sock.stat().st_mode & 0o777) == "0o770"  # umask 007 from the container command
+        probe = [localise(a) for a in agent["readinessProbe"]["exec"]["command"]]
+        assert subprocess.run(probe).returncode == 0
+    finally:
+        proc.terminate()
+        out, _ = proc.communicate(timeout=30)
+        router.close(0)
+        stop_authenticator(ctx)  # its ZAP socket would keep ctx.term() waiting
+        ctx.term()
+    assert proc.returncode == 0, out
