@@ -80,3 +80,19 @@ def test_faulty_worker_departs_at_the_faulted_token_in_the_faulted_block(run):
     assert token_of(first, TOKEN_RANGE) == 2, (
         f"{first}: the weight changed before decode iteration 2, so iteration 1's record "
         "(parameters included) must still match the clean replicas")
+
+
+def test_without_agent_or_rank_id_clashing_workers_lose_no_dump(tmp_path):
+    """msProbe's SGLang failure mode: every worker is rank 0 and nobody remaps. With no
+    node agent and no explicit rank_id, the probe must still keep every worker's dump
+    (DESIGN: nothing is ever overwritten), wherever it puts the second one."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RANKSCOPE_") and k != "INFER_FAULT"}
+    proc = subprocess.run(
+        [sys.executable, str(EXAMPLE / "serve.py"), "--workers", "2", "--tokens", "2",
+         "--debugger", "--token-range", "1", "1", "--dump-path", str(tmp_path / "dump"),
+         "--out", str(tmp_path / "results")],
+        env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    dumps = sorted((tmp_path / "dump" / "step0").glob("*/dump.json"))
+    entries = sum(len(json.loads(p.read_text())["data"]) for p in dumps)
+    assert entries == 2 * CELLS, f"{[str(p) for p in dumps]}: {entries} entries, expected {2 * CELLS}"
