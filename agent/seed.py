@@ -1,7 +1,8 @@
 """seed_all: msProbe's randomness switch (seeds/001 "seed_all").
 
 Fixes Python ``random``, ``PYTHONHASHSEED`` (for child processes: an interpreter's
-own hash seed is fixed at start-up), NumPy and ``mindspore.set_seed``; with
+own hash seed is fixed at start-up), NumPy, ``mindspore.set_seed`` and the dataset
+pipeline's seed; with
 ``mode=True`` turns on deterministic kernels and deterministic HCCL reductions; with
 ``rm_dropout=True`` makes every dropout created afterwards an identity.
 
@@ -60,6 +61,13 @@ def seed_all(seed: int = 1234, mode: bool = False, rm_dropout: bool = False) -> 
     random.seed(seed)
     np.random.seed(seed)
     ms.set_seed(seed)
+    # Beyond msProbe: the dataset pipeline (shuffle, random augmentations) has its own
+    # seed; without it two seeded Model.train runs still see batches in another order.
+    try:
+        import mindspore.dataset as ds
+        ds.config.set_seed(seed)
+    except Exception:  # noqa: BLE001 - a build without the dataset module
+        pass
     if mode:
         _enable_deterministic(ms)
     # mode=False leaves determinism alone (msProbe switches it OFF): MindSpore lets a
