@@ -30,8 +30,7 @@ def _comm_rank() -> int | None:
     if "mindspore" not in sys.modules:
         return None
     try:
-        from mindspore.communication import get_rank
-        from mindspore.communication._comm_helper import GlobalComm
+        from mindspore.communication import GlobalComm, get_rank
     except Exception:  # noqa: BLE001 - an odd MindSpore build must not break rank lookup
         return None
     if not getattr(GlobalComm, "INITED", False):
