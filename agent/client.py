@@ -27,7 +27,7 @@ from typing import Callable, Iterable
 
 import zmq
 
-from agent import protocol
+from agent import client_transfer, protocol
 from agent.control import GateState, RankscopeTerminated, StepGate
 from agent.protocol import Message, encode
 from agent.records import StepOutput
@@ -63,11 +63,14 @@ class RankClaim:
 class AgentClient:
     def __init__(self, endpoint: str, job: str, gate: StepGate, *, queue_max: int = 256,
                  heartbeat_s: float = 1.0, curve: CurveKeys | None = None,
-                 on_export: Callable[[str | None], Iterable[Path]] | None = None) -> None:
+                 on_export: Callable[[str | None], Iterable[Path]] | None = None,
+                 dump_path: str | None = None) -> None:
         if queue_max < 1:
             raise ValueError(f"queue_max must be >= 1, got {queue_max}")
         self.endpoint, self.job, self.gate = endpoint, job, gate
         self.queue_max, self.heartbeat_s, self.on_export = queue_max, heartbeat_s, on_export
+        # For ``rankscope collect``: where this rank's msProbe-layout dump is.
+        self.dump_path = dump_path or os.environ.get("RANKSCOPE_DUMP_PATH")
         self._curve = curve
         self._pid = os.getpid()
         self.src = f"rank:{socket.gethostname()}:{self._pid}"
@@ -248,35 +251,16 @@ class _ClientIO:
             gate.terminate(incident, str(args.get("reason", "")))
         elif cmd == "export":
             transfer = str(args.get("transfer") or incident or "export")
-            threading.Thread(target=self.c_export, args=(incident, transfer), daemon=True,
-                             name="rankscope-export").start()
+            rank = self.c.rank if self.c.rank is not None else 0
+            threading.Thread(target=client_transfer.run_export, daemon=True, name="rankscope-export",
+                             args=(self.c._outbox, self.c.on_export, incident, transfer, rank)).start()
+        elif cmd == "collect":
+            rank = self.c.rank
+            label = f"rank{rank}" if rank is not None else f"proc{self.c._pid}"
+            threading.Thread(target=client_transfer.run_collect, daemon=True, name="rankscope-collect",
+                             args=(self.c._outbox, self.c.dump_path, label, rank if rank is not None else -1,
+                                   args)).start()
         self.next_beat = 0.0  # report the new state at once
-
-    def c_export(self, incident: str | None, transfer: str) -> None:
-        """Export thread: produce chunk bodies; the I/O thread sends them."""
-        c = self.c
-        out: queue.Queue = c._outbox
-        error = ""
-        paths: list[Path] = []
-        if c.on_export is not None:
-            try:
-                paths = [Path(p) for p in (c.on_export(incident) or [])]
-            except Exception as exc:
-                error = f"on_export failed: {exc!r}"[:500]
-        rank = c.rank if c.rank is not None else 0
-        try:
-            if paths:
-                from agent.rdr.transfer import iter_file_chunks
-                from agent.node.bundles import transfer_id
-
-                for p in paths:
-                    for body in iter_file_chunks([p], p.parent, rank, transfer_id(transfer)):
-                        out.put(("chunk", body), timeout=60)
-                return
-        except Exception as exc:
-            error = f"sending the bundle failed: {exc!r}"[:500]
-        out.put(("status", {"what": "export_none", "detail": {
-            "incident": incident, "transfer": transfer, "rank": rank, "error": error}}), timeout=60)
 
     def pump(self) -> None:
         c = self.c
@@ -348,3 +332,4 @@ class _ClientIO:
         rank = c.rank
         self.send(protocol.HEARTBEAT, {"rank": rank if rank is not None else -1, "step": step,
                                        "state": state, "pid": c._pid})
+

@@ -245,3 +245,36 @@ def test_process_exit_says_goodbye_and_an_uncaught_exception_is_a_loss(tmp_path)
     finally:
         stop(agent)
         coord.close()
+
+
+def test_collect_streams_this_ranks_selected_dump_files(tmp_path):
+    dump = tmp_path / "dump"
+    for step in (0, 1, 2):
+        for label in ("rank40", "rank41"):
+            d = dump / f"step{step}" / label
+            d.mkdir(parents=True)
+            (d / "dump.json").write_text(json.dumps({"step": step, "rank": label}))
+    (dump / "step1" / "rank40" / "dump_tensor_data").mkdir()
+    (dump / "step1" / "rank40" / "dump_tensor_data" / "x.npy").write_bytes(b"\x93NUMPY" + b"\0" * 300)
+    ep = f"ipc://{tmp_path}/a.sock"
+    stub = StubAgent(ep)
+    c = AgentClient(ep, "j", StepGate(), dump_path=str(dump))
+    try:
+        assert c.register(RankClaim.here(0), timeout=5.0) == 40
+        stub.control("collect", args={"transfer": "collect-t1", "steps": "1-2", "ranks": None, "resume": {}})
+        msgs = stub.pump(lambda m: m.type == protocol.STATUS and m.body["what"] == "collect_done")
+        done = [m for m in msgs if m.type == protocol.STATUS and m.body["what"] == "collect_done"][0]
+        assert done.body["detail"] == {"rank": 40, "transfer": "collect-t1", "files": 3}
+        asm = BundleAssembler(tmp_path / "out", per_rank_dirs=False)
+        for m in msgs:
+            if m.type == protocol.BUNDLE_CHUNK:
+                asm.accept(m.body)
+        got = sorted(p.relative_to(tmp_path / "out").as_posix() for p in (tmp_path / "out").rglob("*") if p.is_file())
+        assert got == ["step1/rank40/dump.json", "step1/rank40/dump_tensor_data/x.npy", "step2/rank40/dump.json"]
+        assert not asm.problems
+        stub.control("collect", args={"transfer": "collect-t2", "ranks": [41]})  # not this rank: silence
+        time.sleep(0.5)
+        assert not [m for m in stub.pump() if m.type == protocol.STATUS and m.body["detail"].get("transfer") == "collect-t2"]
+    finally:
+        c.close(timeout=0.5)
+        stub.close()
