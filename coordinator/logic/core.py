@@ -19,11 +19,11 @@ from typing import Any, Callable
 from agent.records import StepBatch
 from coordinator.logic.aligner import LIVE_STATES, Group, RankState, StepAligner, StepView
 from coordinator.logic.detectors.progress import ProgressDetector
-from coordinator.logic.incident import Action, ActionKind, Incident, IncidentEvent, IncidentState
-from coordinator.logic.incident_store import IncidentStore, write_incident
+from coordinator.logic.incident import Action, IncidentEvent
+from coordinator.logic.incident_book import IncidentBook
 from coordinator.logic.registry import build_step_detectors
 from coordinator.logic.series import SeriesRecorder
-from coordinator.logic.settings import CoordinatorSettings, OnDivergence, SettingsError, parse_settings
+from coordinator.logic.settings import CoordinatorSettings, SettingsError, parse_settings
 from coordinator.logic.verdict import Verdict
 from coordinator.logic.watchpoint_rules import parse_watchpoints
 
@@ -31,8 +31,6 @@ log = logging.getLogger(__name__)
 
 _HEARTBEAT_STATES = {"paused": RankState.PAUSED, "running": RankState.RUNNING, "stepping": RankState.RUNNING,
                      "terminated": RankState.FINISHED}
-MAX_RELATED = 100
-MAX_QUEUED_ACTIONS = 1000
 
 
 class CoordinatorCore:
@@ -49,23 +47,11 @@ class CoordinatorCore:
         self.detectors = build_step_detectors(settings)
         self.progress = ProgressDetector(settings.detectors.progress)
         self.series = SeriesRecorder()
-        self.store = IncidentStore(self.export_dir)
         self.rank_maps: dict[str, list[dict[str, Any]]] = {}
         self.verdicts: collections.deque[Verdict] = collections.deque(maxlen=1000)
         self._quiet: dict[tuple, float] = {}
         self._pending: list[Verdict] = []
-        self._actions: list[Action] = []
-        self._incidents: dict[str, Incident] = {}
-        self._since: dict[str, float] = {}
-        #: Jobs rankscope terminated: their ranks ending is the expected outcome, not a
-        #: finding, and no further incident is opened for them.
-        self.terminated_jobs: set[str] = set()
-        for inc in self.store.load_all():  # a restarted coordinator keeps its incidents
-            self._incidents[inc.incident_id] = inc
-            if inc.state is IncidentState.TERMINATED:
-                self.terminated_jobs.add(inc.job)
-            if not inc.final:
-                self._since[inc.incident_id] = clock()
+        self.book = IncidentBook(settings, self.aligner, self.export_dir, clock, wall_clock, self.rank_maps)
 
     # --- ingestion ----------------------------------------------------------------
     def on_register(self, job: str, rank: int, info: dict[str, Any]) -> None:
@@ -165,9 +151,8 @@ class CoordinatorCore:
         out = [v for v in sorted(found, key=Verdict.sort_key) if not self._suppressed(v)]
         for v in out:
             self.verdicts.append(v)
-            if v.job not in self.terminated_jobs:
-                self._open_or_attach(v)
-        self._advance_incidents(now)
+            self.book.open_or_attach(v)
+        self.book.advance(now)
         return out
 
     def _judge_step(self, grp: Group, view: StepView, report_missing: bool) -> list[Verdict]:
@@ -204,115 +189,30 @@ class CoordinatorCore:
         self._quiet[key] = until
         return False
 
-    # --- incidents ----------------------------------------------------------------
-    def _active(self, job: str) -> Incident | None:
-        return next((i for i in self._incidents.values() if i.job == job and not i.final), None)
-
-    def _open_or_attach(self, v: Verdict, policy: OnDivergence | None = None) -> Incident:
-        inc = self._active(v.job)
-        if inc is not None:
-            if len(inc.related) < MAX_RELATED:
-                inc.related.append(v.to_dict())
-                self.store.save(inc)
-            return inc
-        wall = self.wall_clock()
-        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(wall))
-        base = f"{stamp}-{v.detector}-r{v.rank}-s{v.step}"
-        iid, n = base, 1
-        while iid in self._incidents:
-            n += 1
-            iid = f"{base}-{n}"
-        inc = Incident(iid, v.job, policy or self.settings.on_divergence, v, wall)
-        self._incidents[iid] = inc
-        self._fire(inc, IncidentEvent.START)
-        return inc
-
-    def _fire(self, inc: Incident, event: IncidentEvent) -> list[Action]:
-        actions = inc.apply(event, self.wall_clock())
-        self._since[inc.incident_id] = self.clock()
-        if inc.state in (IncidentState.EXPORTING, IncidentState.WRITTEN) and not inc.ranks:
-            inc.ranks = self._rank_snapshot(inc.job)
-        self.store.save(inc)
-        if any(a.kind is ActionKind.TERMINATE for a in actions):
-            self.terminated_jobs.add(inc.job)
-        self._actions += actions
-        if len(self._actions) > MAX_QUEUED_ACTIONS:  # nobody is taking them: keep the newest
-            log.warning("dropping %d untaken incident actions", len(self._actions) - MAX_QUEUED_ACTIONS)
-            del self._actions[:-MAX_QUEUED_ACTIONS]
-        return actions
-
-    def _job_ranks(self, job: str):
-        return [r for (j, _), r in sorted(self.aligner.ranks.items()) if j == job]
-
-    def _rank_snapshot(self, job: str) -> dict[int, dict[str, Any]]:
-        return {r.rank: {"state": r.state.value, "step": r.last_step, "heartbeat_step": r.heartbeat_step}
-                for r in self._job_ranks(job)}
-
-    def _advance_incidents(self, now: float) -> None:
-        for inc in list(self._incidents.values()):
-            since = self._since.get(inc.incident_id, now)
-            if inc.state is IncidentState.PAUSING:
-                running = [r for r in self._job_ranks(inc.job) if r.state in (RankState.RUNNING, RankState.PAUSED)]
-                if all(r.state is RankState.PAUSED for r in running):
-                    self._fire(inc, IncidentEvent.ALL_PAUSED)
-                elif now - since >= self.settings.pause_timeout_s:
-                    self._fire(inc, IncidentEvent.PAUSE_TIMEOUT)
-            elif inc.state is IncidentState.EXPORTING:
-                want = {r.rank for r in self._job_ranks(inc.job) if r.state is not RankState.EXPECTED}
-                if want <= set(inc.bundles):
-                    self._fire(inc, IncidentEvent.BUNDLES_RECEIVED)
-                elif now - since >= self.settings.export_timeout_s:
-                    self._fire(inc, IncidentEvent.EXPORT_TIMEOUT)
+    # --- incidents (coordinator/logic/incident_book.py) -----------------------------
+    @property
+    def terminated_jobs(self) -> set[str]:
+        return self.book.terminated_jobs
 
     def take_actions(self) -> list[Action]:
         """Actions the service must perform now, oldest first (each is handed out once)."""
-        out, self._actions = self._actions, []
-        return out
+        return self.book.take_actions()
 
     def on_bundle(self, incident_id: str, rank: int, path: str | os.PathLike) -> None:
-        inc = self._incidents[incident_id]
-        inc.bundles[int(rank)] = str(path)
-        self.store.save(inc)
+        """A rank's bundle for an incident is complete at ``path``."""
+        self.book.on_bundle(incident_id, rank, path)
 
     def write_incident(self, incident_id: str) -> Path:
         """Perform a WRITE_INCIDENT action: write incident.json, then move on per policy."""
-        if self.export_dir is None:
-            raise ValueError("export_dir: not set, cannot write incident.json")
-        inc = self._incidents[incident_id]
-        path = write_incident(self.export_dir, inc, rank_map=self.rank_maps.get(inc.job))
-        inc.incident_json = str(path)
-        self._fire(inc, IncidentEvent.WRITE_DONE)
-        return path
+        return self.book.write(incident_id)
 
     def incident_event(self, incident_id: str, event: IncidentEvent | str) -> list[Action]:
         """Drive an incident from outside (e.g. the service's own write); returns its actions."""
-        return self._fire(self._incidents[incident_id], IncidentEvent(event))
+        return self.book.fire(self.book.by_id[incident_id], IncidentEvent(event))
 
     def operator(self, command: str, job: str | None = None, n: int | None = None) -> list[Action]:
         """An operator's pause/resume/step/terminate/export; routed through the open incident."""
-        job = job or self._only_job()
-        inc = self._active(job)
-        if command in ("resume", "terminate") and inc is not None:
-            return self._fire(inc, IncidentEvent(command))
-        if command == "export":
-            v = Verdict("manual", -1, max((r.last_step for r in self._job_ranks(job)), default=-1), None, None,
-                        None, f"{job}/*", {"rule": "operator export"}, [], job)
-            if inc is not None:
-                raise ValueError(f"export: incident {inc.incident_id} is already open for job {job}")
-            before = len(self._actions)
-            self._open_or_attach(v, OnDivergence.EXPORT)
-            return self._actions[before:]
-        kinds = {"pause": ActionKind.PAUSE, "resume": ActionKind.RESUME, "terminate": ActionKind.TERMINATE,
-                 "step": ActionKind.STEP}
-        if command not in kinds:
-            raise ValueError(f"command: unknown {command!r} (pause|resume|step|terminate|export)")
-        if command == "step" and (not isinstance(n, int) or n < 1):
-            raise ValueError(f"step: n must be a positive integer, got {n!r}")
-        act = Action(kinds[command], job, None, {"n": n} if command == "step" else {})
-        if command == "terminate":
-            self.terminated_jobs.add(job)
-        self._actions.append(act)
-        return [act]
+        return self.book.operator(command, job or self._only_job(), n)
 
     def _only_job(self) -> str:
         jobs = sorted({j for j, _ in self.aligner.ranks} | ({self.settings.job} if self.settings.job else set()))
@@ -322,13 +222,8 @@ class CoordinatorCore:
 
     # --- reporting ----------------------------------------------------------------
     def incidents(self) -> list[dict[str, Any]]:
-        out = []
-        for inc in self._incidents.values():
-            d = inc.to_dict()
-            if self.export_dir is not None:
-                d["dir"] = str(self.export_dir / "incidents" / inc.incident_id)
-            out.append(d)
-        return out
+        """Every incident (open and final) as a dict, with its ``dir`` under the export dir."""
+        return self.book.listing()
 
     def status(self) -> dict[str, Any]:
         now = self.clock()
@@ -349,5 +244,5 @@ class CoordinatorCore:
             "steps_judged": self.aligner.counters["steps_judged"], "records": self.aligner.counters["records"],
             "verdicts": [v.to_dict() for v in list(self.verdicts)[-20:]],
             "incidents": [{"incident_id": i.incident_id, "state": i.state.value, "job": i.job,
-                           "summary": i.verdict.summary()} for i in self._incidents.values()],
+                           "summary": i.verdict.summary()} for i in self.book.by_id.values()],
         }

@@ -1,0 +1,163 @@
+"""The coordinator's incidents: opening them from verdicts, driving the state machine
+from what the ranks report, and queueing the actions the service must perform.
+
+Pure logic over the aligner's rank table; the only I/O is the incident store
+(state.json / incident.json under the export dir).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from coordinator.logic.aligner import RankRecord, RankState, StepAligner
+from coordinator.logic.incident import Action, ActionKind, Incident, IncidentEvent, IncidentState
+from coordinator.logic.incident_store import IncidentStore, write_incident
+from coordinator.logic.settings import CoordinatorSettings, OnDivergence
+from coordinator.logic.verdict import Verdict
+
+log = logging.getLogger(__name__)
+
+MAX_RELATED = 100
+MAX_QUEUED_ACTIONS = 1000
+_OPERATOR = {"pause": ActionKind.PAUSE, "resume": ActionKind.RESUME, "terminate": ActionKind.TERMINATE,
+             "step": ActionKind.STEP}
+
+
+class IncidentBook:
+    def __init__(self, settings: CoordinatorSettings, aligner: StepAligner, export_dir: Path | None,
+                 clock: Callable[[], float], wall_clock: Callable[[], float],
+                 rank_maps: dict[str, list[dict[str, Any]]]) -> None:
+        self.settings, self.aligner, self.export_dir = settings, aligner, export_dir
+        self.clock, self.wall_clock, self.rank_maps = clock, wall_clock, rank_maps
+        self.store = IncidentStore(export_dir)
+        self.actions: list[Action] = []
+        self.by_id: dict[str, Incident] = {}
+        self._since: dict[str, float] = {}
+        #: Jobs rankscope terminated: their ranks ending is the expected outcome, not a
+        #: finding, and no further incident is opened for them.
+        self.terminated_jobs: set[str] = set()
+        for inc in self.store.load_all():  # a restarted coordinator keeps its incidents
+            self.by_id[inc.incident_id] = inc
+            if inc.state is IncidentState.TERMINATED:
+                self.terminated_jobs.add(inc.job)
+            if not inc.final:
+                self._since[inc.incident_id] = clock()
+
+    def active(self, job: str) -> Incident | None:
+        return next((i for i in self.by_id.values() if i.job == job and not i.final), None)
+
+    def open_or_attach(self, v: Verdict, policy: OnDivergence | None = None) -> Incident | None:
+        """Open an incident for the verdict's job, or file the verdict under the open one."""
+        if v.job in self.terminated_jobs:
+            return None
+        inc = self.active(v.job)
+        if inc is not None:
+            if len(inc.related) < MAX_RELATED:
+                inc.related.append(v.to_dict())
+                self.store.save(inc)
+            return inc
+        wall = self.wall_clock()
+        base = f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime(wall))}-{v.detector}-r{v.rank}-s{v.step}"
+        iid, n = base, 1
+        while iid in self.by_id:
+            n += 1
+            iid = f"{base}-{n}"
+        inc = self.by_id[iid] = Incident(iid, v.job, policy or self.settings.on_divergence, v, wall)
+        self.fire(inc, IncidentEvent.START)
+        return inc
+
+    def fire(self, inc: Incident, event: IncidentEvent) -> list[Action]:
+        actions = inc.apply(event, self.wall_clock())
+        self._since[inc.incident_id] = self.clock()
+        if inc.state in (IncidentState.EXPORTING, IncidentState.WRITTEN) and not inc.ranks:
+            inc.ranks = self._rank_snapshot(inc.job)  # the ranks as they were at the pause
+        self.store.save(inc)
+        if any(a.kind is ActionKind.TERMINATE for a in actions):
+            self.terminated_jobs.add(inc.job)
+        self._queue(actions)
+        return actions
+
+    def _queue(self, actions: list[Action]) -> None:
+        self.actions += actions
+        if len(self.actions) > MAX_QUEUED_ACTIONS:  # nobody is taking them: keep the newest
+            log.warning("dropping %d untaken incident actions", len(self.actions) - MAX_QUEUED_ACTIONS)
+            del self.actions[:-MAX_QUEUED_ACTIONS]
+
+    def _job_ranks(self, job: str) -> list[RankRecord]:
+        return [r for (j, _), r in sorted(self.aligner.ranks.items()) if j == job]
+
+    def _rank_snapshot(self, job: str) -> dict[int, dict[str, Any]]:
+        return {r.rank: {"state": r.state.value, "step": r.last_step, "heartbeat_step": r.heartbeat_step}
+                for r in self._job_ranks(job)}
+
+    def advance(self, now: float) -> None:
+        """Fire the events the rank table shows: all paused, all bundles in, or a timeout."""
+        for inc in [i for i in self.by_id.values() if not i.final]:
+            since = self._since.get(inc.incident_id, now)
+            if inc.state is IncidentState.PAUSING:
+                # Stalled and lost ranks cannot pause; the timeout covers ranks that never do.
+                running = [r for r in self._job_ranks(inc.job) if r.state in (RankState.RUNNING, RankState.PAUSED)]
+                if all(r.state is RankState.PAUSED for r in running):
+                    self.fire(inc, IncidentEvent.ALL_PAUSED)
+                elif now - since >= self.settings.pause_timeout_s:
+                    self.fire(inc, IncidentEvent.PAUSE_TIMEOUT)
+            elif inc.state is IncidentState.EXPORTING:
+                # Lost ranks too: their node agent sends the bundle on their behalf.
+                want = {r.rank for r in self._job_ranks(inc.job) if r.state is not RankState.EXPECTED}
+                if want <= set(inc.bundles):
+                    self.fire(inc, IncidentEvent.BUNDLES_RECEIVED)
+                elif now - since >= self.settings.export_timeout_s:
+                    self.fire(inc, IncidentEvent.EXPORT_TIMEOUT)
+
+    def take_actions(self) -> list[Action]:
+        out, self.actions = self.actions, []
+        return out
+
+    def on_bundle(self, incident_id: str, rank: int, path: str | os.PathLike) -> None:
+        inc = self.by_id[incident_id]
+        inc.bundles[int(rank)] = str(path)
+        self.store.save(inc)
+
+    def write(self, incident_id: str) -> Path:
+        if self.export_dir is None:
+            raise ValueError("export_dir: not set, cannot write incident.json")
+        inc = self.by_id[incident_id]
+        path = write_incident(self.export_dir, inc, rank_map=self.rank_maps.get(inc.job))
+        inc.incident_json = str(path)
+        self.fire(inc, IncidentEvent.WRITE_DONE)
+        return path
+
+    def operator(self, command: str, job: str, n: int | None = None) -> list[Action]:
+        inc = self.active(job)
+        if command in ("resume", "terminate") and inc is not None:
+            return self.fire(inc, IncidentEvent(command))
+        if command == "export":
+            if inc is not None:
+                raise ValueError(f"export: incident {inc.incident_id} is already open for job {job}")
+            newest = max((r.last_step for r in self._job_ranks(job)), default=-1)
+            v = Verdict("manual", -1, newest, None, None, None, f"{job}/*", {"rule": "operator export"}, [], job)
+            before = len(self.actions)
+            self.terminated_jobs.discard(job)  # an explicit request is honoured
+            self.open_or_attach(v, OnDivergence.EXPORT)
+            return self.actions[before:]
+        if command not in _OPERATOR:
+            raise ValueError(f"command: unknown {command!r} (pause|resume|step|terminate|export)")
+        if command == "step" and (not isinstance(n, int) or isinstance(n, bool) or n < 1):
+            raise ValueError(f"step: n must be a positive integer, got {n!r}")
+        act = Action(_OPERATOR[command], job, None, {"n": n} if command == "step" else {})
+        if command == "terminate":
+            self.terminated_jobs.add(job)
+        self._queue([act])
+        return [act]
+
+    def listing(self) -> list[dict[str, Any]]:
+        out = []
+        for inc in self.by_id.values():
+            d = inc.to_dict()
+            if self.export_dir is not None:
+                d["dir"] = str(self.export_dir / "incidents" / inc.incident_id)
+            out.append(d)
+        return out
