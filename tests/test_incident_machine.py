@@ -200,3 +200,23 @@ def test_ranks_ending_after_rankscope_terminated_the_job_open_nothing(tmp_path) 
     assert sim.job in again.terminated_jobs
     again.on_register(sim.job, 0, {"world_size": 4, "pid": 4242})  # a new run reusing the job id
     assert sim.job not in again.terminated_jobs
+
+
+def test_after_a_resume_the_next_incident_waits_for_a_real_pause(tmp_path) -> None:
+    clock = FakeClock()
+    core = CoordinatorCore({"on_divergence": "export"}, clock=clock, export_dir=tmp_path)
+    sim = SyntheticTraining(ranks=4, tensors=16, seed=6)
+    _job(core, clock, 3, 1, sim)
+    iid = core.take_actions()[0].incident_id
+    for r in range(4):
+        core.on_heartbeat(sim.job, r, 3, "paused")
+        core.on_bundle(iid, r, f"b{r}")
+    core.tick()
+    core.tick()
+    core.write_incident(iid)
+    assert [a.kind for a in core.take_actions()][-1] is ActionKind.RESUME
+    batches = sim.batches(3)
+    batches[2].crc32[sim.column("Sentinel.param.layer0.")] ^= 4
+    feed_step(core, clock, batches)  # a second incident, before any heartbeat said "running"
+    assert [a.kind for a in core.take_actions()] == [ActionKind.PAUSE]
+    assert [i["state"] for i in core.incidents()] == ["resumed", "pausing"]

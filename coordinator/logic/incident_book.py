@@ -81,6 +81,13 @@ class IncidentBook:
         return actions
 
     def _queue(self, actions: list[Action]) -> None:
+        for a in actions:
+            if a.kind in (ActionKind.RESUME, ActionKind.STEP):
+                # Take the resume as done: until their heartbeats say so, stale "paused"
+                # states would make the next incident's pause look complete at once.
+                for r in self._job_ranks(a.job):
+                    if r.state is RankState.PAUSED:
+                        r.state = RankState.RUNNING
         self.actions += actions
         if len(self.actions) > MAX_QUEUED_ACTIONS:  # nobody is taking them: keep the newest
             log.warning("dropping %d untaken incident actions", len(self.actions) - MAX_QUEUED_ACTIONS)
