@@ -173,7 +173,10 @@ class AgentClient:
                     else:
                         self._connected.clear()
                 if self._want_register and watch.connected and self._claim is not None:
-                    self._want_register = not io.send(protocol.REGISTER, self._claim.body())
+                    body = self._claim.body()
+                    if self.assigned is not None:
+                        body["assigned_rank"] = self.assigned  # keep our id across an agent restart
+                    self._want_register = not io.send(protocol.REGISTER, body)
                 # Do not sleep in poll while steps are waiting to go out.
                 busy = watch.connected and (self._q or io.pending_out is not None or not self._outbox.empty())
                 if sock.poll(0 if busy else 20, zmq.POLLIN):

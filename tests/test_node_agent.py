@@ -165,3 +165,37 @@ def test_pause_resume_and_step_reach_the_rank(tmp_path, coord, agent):
         assert rank.wait(30) == 3
     finally:
         stop(rank)
+
+
+def test_agent_restart_ranks_keep_their_ids_and_keep_streaming(tmp_path, coord):
+    proc, endpoint = start_agent(tmp_path, coord.bound, "--settle", "1.0")
+    ranks = [start_rank(endpoint, "--claim", "0", "--dp-index", str(dp), "--steps", "300", "--sleep", "0.01")
+             for dp in (1, 0)]
+    try:
+        ids = {p.pid: wait_event(p, "registered")["rank"] for p in ranks}
+        assert sorted(ids.values()) == [0, 1]
+        coord.wait_for(lambda m: m.type == protocol.STEP and m.body["step"] >= 30)
+        proc.kill()  # the agent dies hard; its socket file stays behind
+        proc.wait(10)
+        seen_before = len(coord.messages)
+        proc, _ = start_agent(tmp_path, coord.bound, "--settle", "1.0")
+        for p in ranks:
+            wait_event(p, "done", timeout=60)
+            assert p.wait(30) == 0
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:  # the new agent's registrations and goodbyes
+            coord.pump(0.1)
+            new = coord.messages[seen_before:]
+            if sum(m.type == protocol.STATUS and m.body["what"] == "finished" for m in new) == 2:
+                break
+        after = {m.body["pid"]: m.body["assigned_rank"] for m in coord.messages[seen_before:]
+                 if m.type == protocol.REGISTER}
+        assert after == ids  # same ids from the new agent
+        last = {}
+        for m in coord.of_type(protocol.STEP):
+            last[m.body["rank"]] = max(last.get(m.body["rank"], -1), m.body["step"])
+        assert last == {0: 299, 1: 299}
+    finally:
+        for p in ranks:
+            stop(p)
+        stop(proc)

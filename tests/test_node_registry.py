@@ -119,3 +119,15 @@ def test_rank_map_rows_and_atomic_file(tmp_path):
 def test_negative_settle_is_rejected():
     with pytest.raises(ValueError, match="settle_s"):
         RankRegistry(settle_s=-1)
+
+
+def test_rank_that_re_registers_after_an_agent_restart_keeps_its_id():
+    # Before the restart pid 2 (claim 0) had been given 1. A new agent registry sees both
+    # again; pid 2 asks for 1 (its id in use) and must get it back, still marked remapped.
+    clock = Clock()
+    reg = RankRegistry(settle_s=0.1, clock=clock)
+    reg.claim(b"b", "j", _info(2, 0, dp_index=0, assigned_rank=1))
+    reg.claim(b"a", "j", _info(1, 0, dp_index=1, assigned_rank=0))
+    clock.t = 1
+    got = {e.pid: (e.assigned_rank, e.remapped) for e in reg.due()}
+    assert got == {1: (0, False), 2: (1, True)}

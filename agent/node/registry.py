@@ -56,7 +56,14 @@ class RankEntry:
     last_step: int = -1
     exit_status: int | None = None
     reason: str = ""
+    #: The id a rank already uses (it re-registers with it after an agent restart): it
+    #: asks for that id rather than its original claim, so its dump folder stays valid.
+    prefer: int | None = None
     extra: dict = field(default_factory=dict)
+
+    @property
+    def wanted(self) -> int | None:
+        return self.prefer if self.prefer is not None else self.claimed_rank
 
     def sort_key(self) -> tuple:
         # Reported placement first (absent sorts last), pid breaks ties.
@@ -96,7 +103,7 @@ class RankRegistry:
             return entry
         entry = RankEntry(job=job, host=info["host"], pid=int(info["pid"]),
                           claimed_rank=info.get("claimed_rank"), identity=identity,
-                          registered_at=self._clock(),
+                          registered_at=self._clock(), prefer=info.get("assigned_rank"),
                           **{k: info[k] for k in _INFO_FIELDS if info.get(k) is not None})
         self._entries[key] = entry
         self._pending_since.setdefault(job, entry.registered_at)
@@ -118,7 +125,7 @@ class RankRegistry:
         reason to wait for anyone else."""
         active = [e for e in self.entries(job) if e.state in (RankState.PENDING, RankState.LIVE)]
         sizes = {e.world_size for e in active if e.world_size}
-        claims = [e.claimed_rank if e.state is RankState.PENDING else e.assigned_rank for e in active]
+        claims = [e.wanted if e.state is RankState.PENDING else e.assigned_rank for e in active]
         return (len(sizes) == 1 and len(active) == sizes.pop() and None not in claims
                 and len(set(claims)) == len(claims))
 
@@ -127,7 +134,7 @@ class RankRegistry:
         pending = sorted((e for e in entries if e.state is RankState.PENDING), key=RankEntry.sort_key)
         held = {e.assigned_rank for e in entries if e.state is RankState.LIVE}
         ever = self._ever_assigned.setdefault(job, set())
-        claimed = {e.claimed_rank for e in pending if e.claimed_rank is not None}
+        claimed = {e.wanted for e in pending if e.wanted is not None}
         blocked = held | ever | claimed
 
         def fresh() -> int:
@@ -139,24 +146,25 @@ class RankRegistry:
 
         by_claim: dict[int | None, list[RankEntry]] = {}
         for e in pending:
-            by_claim.setdefault(e.claimed_rank, []).append(e)
+            by_claim.setdefault(e.wanted, []).append(e)
         order = sorted(by_claim, key=lambda c: (c is None, c or 0))
         # Keepers first so a clash's fresh ids never take an id someone claims outright.
         for claim in order:
             first = by_claim[claim][0]
             if claim is not None and claim not in held:
-                self._set(first, claim, remapped=False)
+                self._set(first, claim)
                 held.add(claim)
         for claim in order:
             for e in by_claim[claim]:
                 if e.assigned_rank is None:
-                    self._set(e, fresh(), remapped=claim is not None)
+                    self._set(e, fresh())
         ever.update(e.assigned_rank for e in pending)  # type: ignore[misc]
         return pending
 
     @staticmethod
-    def _set(entry: RankEntry, rank: int, remapped: bool) -> None:
-        entry.assigned_rank, entry.remapped, entry.state = rank, remapped, RankState.LIVE
+    def _set(entry: RankEntry, rank: int) -> None:
+        entry.assigned_rank, entry.state = rank, RankState.LIVE
+        entry.remapped = entry.claimed_rank is not None and rank != entry.claimed_rank
 
     # --- state changes -------------------------------------------------------------
     def finish(self, entry: RankEntry) -> None:
