@@ -77,9 +77,12 @@ def seed_all(seed: int = 1234, mode: bool = False, rm_dropout: bool = False) -> 
 
 
 def _enable_deterministic(ms: Any) -> None:
-    from mindspore.device_manager import DeviceManagerConf
-
-    if not DeviceManagerConf.get_instance().is_deterministic_configured():
+    try:
+        from mindspore.device_manager import DeviceManagerConf
+        configured = DeviceManagerConf.get_instance().is_deterministic_configured()
+    except (ImportError, AttributeError):  # MindSpore before set_deterministic existed
+        configured = True  # -> the set_context route below
+    if not configured:
         ms.set_deterministic(True)  # also sets HCCL_DETERMINISTIC=true (keeps "strict")
     elif ms.get_context("deterministic") != "ON":
         # Someone configured it OFF already and set_deterministic refuses a second call;
