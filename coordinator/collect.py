@@ -8,7 +8,9 @@ its dump_path, so ``step{N}/rank{ID}/dump.json``) and ends with a STATUS
 ``EXPORT_DIR/dumps/step{N}/rank{ID}/...``: one msProbe-layout tree that msProbe's
 compare reads across ranks.
 
-Chunked and checksummed by H4's BundleAssembler; resumable because the transfer id
+Nothing is timed out here: the operator watches the progress ``rankscope collect``
+prints and asks again to resume. Chunked and checksummed by H4's BundleAssembler;
+resumable because the transfer id
 is derived from the selection: asking again for the same steps/ranks continues the
 ``.part`` files already on disk (their offsets travel in ``resume``).
 """
@@ -78,9 +80,6 @@ class DumpCollector:
         if detail.get("transfer") == self.transfer and isinstance(detail.get("rank"), int):
             self.finished[detail["rank"]] = dict(detail)
             self.expected.add(detail["rank"])
-
-    def tick(self, now: float) -> None:
-        """Nothing is timed out here: the operator watches progress and may ask again."""
 
     def done(self) -> bool:
         return bool(self.expected) and self.expected <= set(self.finished)
