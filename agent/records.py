@@ -78,7 +78,9 @@ class StepBatch:
     numel: np.ndarray  # int64 (n,)
     crc32: np.ndarray  # int64 (n,)
     new_names: dict[int, str] = field(default_factory=dict)
-    #: Decode/forward-call index for inference capture (token_range), else -1.
+    #: Decode/forward-call index for inference capture (token_range), else -1. The
+    #: coordinator reads it as the first forward call recorded in this step (a of
+    #: token_range=[a, b]): a record named ``...forward.<n>`` is then token ``token + n``.
     token: int = -1
     wall_time: float = 0.0
 

@@ -116,5 +116,16 @@ def test_inference_replicas_name_the_token() -> None:
         b.token = 4
     batches[1].stats[sim.column("Cell.layer0."), 3] += 1e-3
     [v] = ReplicaDetector().judge(view_of(batches, parse_settings({"groups": "replicas"})), {})
+    # "Cell.layer0.Dense.forward.0...": call 0 of the step, whose first recorded token is 4
     assert (v.rank, v.token, v.kind) == (1, 4, "forward")
     assert v.to_dict()["token"] == 4
+
+
+def test_record_token_is_the_first_token_plus_the_call_index() -> None:
+    from coordinator.logic.detectors.common import record_token
+
+    assert record_token(1, "Cell.layers.1.attn.qkv.Dense.forward.1.output.0") == 2
+    assert record_token(1, "Cell.tok_emb.Embedding.forward.0.input.0") == 1
+    assert record_token(3, "Cell.fc.Dense.backward.2.input.0") == 5
+    assert record_token(-1, "Cell.fc.Dense.forward.2.output.0") is None  # not inference capture
+    assert record_token(2, "Sentinel.loss") == 2

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 import numpy as np
@@ -81,6 +82,22 @@ def group_values(view: StepView, col: int, values: np.ndarray, focus: list[int])
     return {"by_rank": {str(int(view.ranks[r])): num(values[r]) for r in keep}, "summary": summary}
 
 
+_CALL = re.compile(r"\.(?:forward|backward)\.(\d+)(?=\.|$)")
+
+
+def record_token(batch_token: int, tensor: str) -> int | None:
+    """Inference token of a record: the step's first recorded token + the call index.
+
+    Under token_range=[a, b] the probe names a cell's n-th recorded call
+    ``...forward.<n>`` and that call is token a + n on every worker; the StepBatch's
+    ``token`` carries a (the first forward call recorded in the step).
+    """
+    if batch_token < 0:
+        return None
+    m = _CALL.search(tensor)
+    return batch_token + (int(m.group(1)) if m else 0)
+
+
 def make_verdict(detector: str, view: StepView, row: int, col: int, ties: list[int],
                  evidence: dict[str, Any]) -> Verdict:
     kind = int(view.kind[col])
@@ -89,5 +106,5 @@ def make_verdict(detector: str, view: StepView, row: int, col: int, ties: list[i
         detector=detector, rank=int(view.ranks[row]), step=view.step, tensor=view.keys.names[col],
         exec_index=None if ex == NO_EXEC else ex, kind=Kind(kind).name.lower() if kind >= 0 else None,
         group=view.group, evidence=evidence, ties=sorted(int(view.ranks[t]) for t in ties), job=view.job,
-        token=int(view.token[row]) if view.token[row] >= 0 else None,
+        token=record_token(int(view.token[row]), view.keys.names[col]),
     )
