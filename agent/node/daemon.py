@@ -22,6 +22,7 @@ import zmq
 from agent import protocol
 from agent.node.bundles import RankBundles
 from agent.node.liveness import LivenessMonitor
+from agent.node.names import NameLedger
 from agent.node.registry import RankEntry, RankRegistry, RankState, write_rank_map
 from agent.node.relay import ControlRelay
 from agent.node.spool import SpoolLog
@@ -65,8 +66,7 @@ class NodeAgent:
         self.relay = ControlRelay()
         self.decoder = protocol.Decoder(job=settings.job)
         self._updecoder = protocol.Decoder(job=None)
-        self._names: dict[str, dict[int, str]] = {}  # "job|src" -> every name that rank sent
-        self._owed: set[str] = set()  # ranks whose name table the coordinator must get again
+        self.names = NameLedger()
         self.forwarded = 0
         self.ctx = zmq.Context()
         self.router, self.endpoint = bind_router(self.ctx, settings.listen, settings.listen_curve)
@@ -164,8 +164,7 @@ class NodeAgent:
         entry = self.registry.by_identity(ident)
         key = (f"{msg.job}|{msg.src}", msg.seq)
         if msg.type == protocol.STEP:
-            names = self._names.setdefault(key[0], {})
-            names.update(msg.body["new_names"])
+            self.names.note(key[0], msg.body["new_names"])
             if entry is not None:
                 entry.last_step = max(entry.last_step, msg.body["step"])
                 self.bundles.record(entry, protocol.step_from_message(msg))
@@ -196,7 +195,7 @@ class NodeAgent:
         if entry is not None and what == "bye":
             detail = msg.body.get("detail") or {}
             self.liveness.forget(entry)
-            self._owed.discard(key[0])
+            self.names.retire(key[0])
             if detail.get("ok", True) is False:
                 # Ended by an uncaught exception: lost to the job, with what it said.
                 error = str(detail.get("error") or "uncaught exception")[:300]
@@ -254,7 +253,7 @@ class NodeAgent:
             e = lost.entry
             if lost.reason == "exited":
                 self.liveness.forget(e)
-                self._owed.discard(e.extra.get("src", ""))
+                self.names.retire(e.extra.get("src", ""))
                 self._lose(e, lost.exit_status, "exited")
             else:
                 self._report_lost(e, None, f"unresponsive: no heartbeat for {self.s.heartbeat_timeout_s:g}s")
@@ -321,29 +320,10 @@ class NodeAgent:
         for e in self.registry.live():
             self._forward_register(e)
             jobs.add(e.job)
-            if "src" in e.extra:
-                self._owed.add(e.extra["src"])
         for job in jobs:
             self._publish_map(job)
-        if self._owed:
-            self.uplink.rewrite = self._attach_names
-
-    def _attach_names(self, frame: bytes) -> bytes:
-        if not self._owed:
-            if self.uplink is not None:
-                self.uplink.rewrite = None
-            return frame
-        msg = self._updecoder.decode(frame)
-        if msg is None or msg.type != protocol.STEP:
-            return frame
-        key = f"{msg.job}|{msg.src}"
-        if key not in self._owed:
-            return frame
-        self._owed.discard(key)
-        names = dict(self._names.get(key, {}))
-        names.update(msg.body["new_names"])
-        msg.body["new_names"] = names
-        return encode(msg)
+        self.names.owe_all()
+        self.uplink.rewrite = self.names.attach if self.names.owed else None
 
     def _status(self) -> None:
         if self.uplink is None:

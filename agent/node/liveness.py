@@ -94,6 +94,7 @@ class LivenessMonitor:
         return False
 
     def forget(self, entry: RankEntry) -> None:
+        self._start.pop(entry.pid, None)
         self._seen.pop(id(entry), None)
         self._unresponsive.discard(id(entry))
 
