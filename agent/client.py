@@ -164,6 +164,7 @@ class AgentClient:
             ctx.term()
             return
         io = _ClientIO(self, sock, seq)
+        progressed: bool | None = None  # did the last pump send anything (None: not connected)
         try:
             while not self._closing.is_set():
                 for up in watch.changes():
@@ -177,12 +178,12 @@ class AgentClient:
                     if self.assigned is not None:
                         body["assigned_rank"] = self.assigned  # keep our id across an agent restart
                     self._want_register = not io.send(protocol.REGISTER, body)
-                # Do not sleep in poll while steps are waiting to go out.
-                busy = watch.connected and (self._q or io.pending_out is not None or not self._outbox.empty())
-                if sock.poll(0 if busy else 20, zmq.POLLIN):
+                # Do not sleep in poll while steps are waiting and the socket takes them;
+                # when it does not (high-water mark), back off instead of spinning.
+                busy = progressed and (self._q or io.pending_out is not None or not self._outbox.empty())
+                if sock.poll(0 if busy else (5 if progressed is not None else 20), zmq.POLLIN):
                     io.receive()
-                if watch.connected:
-                    io.pump()
+                progressed = io.pump() > 0 if watch.connected else None
             if watch.connected:
                 io.pump()
                 bye = getattr(self, "_bye", {"ok": True, "error": ""})
@@ -265,8 +266,11 @@ class _ClientIO:
                                    args)).start()
         self.next_beat = 0.0  # report the new state at once
 
-    def pump(self) -> None:
+    def pump(self) -> int:
+        """Send queued steps, export/collect items and a heartbeat if due; returns how
+        many steps and items went out."""
         c = self.c
+        n = 0
         for _ in range(64):
             if not c._q:
                 break
@@ -294,23 +298,28 @@ class _ClientIO:
                 break
             c._q.popleft()
             c.sent += 1
+            n += 1
             self.resend_names = False
-        self._pump_outbox()
+        n += self._pump_outbox()
         self._heartbeat()
+        return n
 
-    def _pump_outbox(self) -> None:
+    def _pump_outbox(self) -> int:
+        n = 0
         for _ in range(8):
             item = self.pending_out
             if item is None:
                 try:
                     item = self.c._outbox.get_nowait()
                 except queue.Empty:
-                    return
+                    break
             mtype = protocol.BUNDLE_CHUNK if item[0] == "chunk" else protocol.STATUS
             if not self.send(mtype, item[1]):
                 self.pending_out = item
-                return
+                break
             self.pending_out = None
+            n += 1
+        return n
 
     def _heartbeat(self) -> None:
         c, gate = self.c, self.c.gate
