@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import logging
+import math
 import os
 from pathlib import Path
 from typing import Any, Mapping
@@ -23,11 +24,25 @@ def incident_dir(export_dir: str | os.PathLike, incident_id: str) -> Path:
     return Path(export_dir) / "incidents" / incident_id
 
 
+def _clean(obj: Any) -> Any:
+    """JSON-safe copy: NaN/Inf become strings, NumPy scalars plain numbers, keys strings."""
+    if isinstance(obj, dict):
+        return {str(k): _clean(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_clean(v) for v in obj]
+    if hasattr(obj, "item") and not isinstance(obj, (str, bytes)):
+        obj = obj.item()
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return str(obj)
+    return obj
+
+
 def _atomic_json(path: Path, obj: Any) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(obj, fh, indent=2, sort_keys=False, allow_nan=False, default=str)
+        # Strict JSON (browsers and jq reject NaN): whatever a detector put in evidence.
+        json.dump(_clean(obj), fh, indent=2, sort_keys=False, allow_nan=False, default=str)
         fh.flush()
         os.fsync(fh.fileno())
     os.replace(tmp, path)
