@@ -124,6 +124,13 @@ def _authenticator(ctx: zmq.Context, allow_dir: str | Path) -> object:
     return auth
 
 
+def reload_allowlist(ctx: zmq.Context, allow_dir: str | Path) -> int:
+    """Re-read ``allow_dir`` (after ``rankscope keys allow/revoke``); returns how many keys
+    are now admitted. Applies to new handshakes; connected peers stay connected."""
+    _authenticator(ctx, allow_dir)
+    return len(list(Path(allow_dir).glob("*.key")))
+
+
 def stop_authenticator(ctx: zmq.Context) -> None:
     """Stop the ZAP thread of ``ctx`` (call before ``ctx.term()``)."""
     with _AUTH_LOCK:

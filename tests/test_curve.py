@@ -126,3 +126,46 @@ def test_agent_cli_refuses_plaintext_to_a_remote_coordinator(tmp_path):
             ["--listen", f"ipc://{tmp_path}/a.sock", "--coordinator", "tcp://10.1.2.3:7000"]))
     with pytest.raises(SystemExit, match="--curve-secret and --allow-dir are required"):
         daemon_cli.settings_from_args(daemon_cli.build_parser().parse_args(["--listen", "tcp://0.0.0.0:7001"]))
+
+
+def test_key_tool_files_permissions_and_refusals(tmp_path, keys, capsys):
+    assert (keys / "agent.key_secret").stat().st_mode & 0o777 == 0o600
+    with pytest.raises(SystemExit, match="exists; pass --force"):
+        keys_cli.main(["new", "agent", "--dir", str(keys)])
+    with pytest.raises(SystemExit, match="is a secret key"):
+        keys_cli.main(["allow", str(keys / "stranger.key_secret"), "--allow-dir", str(keys / "allowed")])
+    with pytest.raises(SystemExit, match="must be letters"):
+        keys_cli.main(["new", "../evil", "--dir", str(keys)])
+    capsys.readouterr()
+    assert keys_cli.main(["show", str(keys / "agent.key")]) == 0
+    shown = capsys.readouterr().out.strip()
+    assert keys_cli.main(["list", "--allow-dir", str(keys / "allowed")]) == 0
+    assert capsys.readouterr().out.split() == [shown, "agent.key"]
+    # The allowlist copy holds the public key only, and zmq.auth reads it.
+    assert "secret" not in (keys / "allowed" / "agent.key").read_text()
+    assert CurveKeys.from_files(keys / "agent.key_secret").public.decode() == shown
+    assert keys_cli.main(["revoke", "agent", "--allow-dir", str(keys / "allowed")]) == 0
+    assert not list((keys / "allowed").glob("*.key"))
+
+
+def test_revoked_key_is_refused_after_reload(keys):
+    from agent.transport import reload_allowlist
+
+    ctx = zmq.Context()
+    try:
+        router, ep = bind_router(ctx, "tcp://127.0.0.1:0", _server(keys))
+        first, w1 = connect_watched_dealer(ctx, ep, b"first", _client(keys, "agent"))
+        first.send(_frame("before"))
+        assert router.poll(10000) and router.recv_multipart()[0] == b"first"
+        assert keys_cli.main(["revoke", "agent", "--allow-dir", str(keys / "allowed")]) == 0
+        assert reload_allowlist(ctx, keys / "allowed") == 0
+        later, w2 = connect_watched_dealer(ctx, ep, b"later", _client(keys, "agent"))
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline and not w2.handshake_failed:
+            w2.changes()
+            time.sleep(0.05)
+        assert w2.handshake_failed > 0 and not w2.connected
+        assert not router.poll(200)
+    finally:
+        stop_authenticator(ctx)
+        ctx.destroy(linger=0)
