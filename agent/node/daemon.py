@@ -91,7 +91,9 @@ class NodeAgent:
         next_check = next_status = 0.0
         try:
             while not self._stop.is_set():
-                poller.poll(50)
+                # A backlog (replay after a reconnect) is pumped without waiting for input.
+                busy = self.uplink is not None and self.uplink.connected and self.uplink.backlog
+                poller.poll(5 if busy else 50)
                 self._drain_ranks()
                 if self.uplink is not None:
                     self._drain_uplink()
