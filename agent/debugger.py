@@ -51,6 +51,7 @@ class PrecisionDebugger:
         self.cells = CellHooks(self.recorder)
         self.apis = ApiHooks(self.recorder)
         self.sentinels = Sentinels(self.recorder)
+        self.recorder.params_now = lambda: not any(True for _ in self.sentinels.optimizers)
         self.sinks: list[Any] = [self.writer]
         self.flight_recorder = _make_flight_recorder(cfg.cluster.flight_recorder_steps)
         if self.flight_recorder is not None:
@@ -244,7 +245,7 @@ class PrecisionDebugger:
     def _set_rank(self, rank: int | None) -> None:
         old = self._label
         self.rank = rank
-        self._label = rank_label(rank)
+        self._label = self._claim_label(rank)
         if rank is not None and getattr(self, "rdr", None) is not None:
             try:
                 self.rdr.set_rank(rank)
@@ -255,6 +256,50 @@ class PrecisionDebugger:
                 self.writer.rename_rank_folder(old, self._label)
             except Exception as exc:  # noqa: BLE001
                 self.recorder.error("renaming the proc folder", exc)
+
+    def _claim_label(self, rank: int | None) -> str:
+        """``rank{N}``, unless another live process on this machine already writes
+        ``rank{N}`` under the same dump path (DP inference workers that all say rank 0,
+        with no node agent to remap them): then ``proc{pid}``, so nothing is overwritten.
+        The claim is a small pid file in the temp dir, keyed by the dump path, so the
+        dump layout itself stays exactly msProbe's."""
+        label = rank_label(rank)
+        if rank is None:
+            return label
+        try:
+            import hashlib
+            import tempfile
+            key = hashlib.sha1(os.path.abspath(self.config.dump_path).encode()).hexdigest()[:16]
+            claims = os.path.join(tempfile.gettempdir(), "rankscope-claims", key)
+            os.makedirs(claims, exist_ok=True)
+            path = os.path.join(claims, f"{label}.pid")
+            me = str(os.getpid())
+            for _ in range(3):
+                try:
+                    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+                except FileExistsError:
+                    try:
+                        with open(path, encoding="utf-8") as fh:
+                            owner = fh.read().strip()
+                    except OSError:
+                        owner = ""
+                    if owner == me:
+                        return label
+                    if owner.isdigit() and _alive(int(owner)):
+                        log.warning("rankscope: %s is taken by pid %s under %s; dumping as %s",
+                                    label, owner, self.config.dump_path, rank_label(None))
+                        return rank_label(None)
+                    try:
+                        os.unlink(path)  # a stale claim from a finished run
+                    except FileNotFoundError:
+                        pass
+                    continue
+                with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                    fh.write(me)
+                return label
+        except OSError as exc:
+            self.recorder.error("claiming the rank folder", exc)
+        return label
 
     def _connect(self, endpoint: str) -> None:
         try:
@@ -320,6 +365,16 @@ def _make_flight_recorder(k: int) -> Any:
         return FlightRecorder(k)
     except Exception:  # noqa: BLE001
         return None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _env_int(name: str) -> int | None:

@@ -350,3 +350,32 @@ def test_seed_examples_run_unchanged(tmp_path):
     l1 = load(tmp_path / "l1", 1, label)["data"]
     assert {"Functional.matmul.0.forward", "Functional.relu.0.forward", "Functional.relu.0.backward"} <= set(l1)
     assert l1["Functional.relu.0.backward"]["input"][0]["shape"] == [4, 3]
+
+
+def test_a_rank_folder_held_by_another_live_process_is_not_overwritten(tmp_path):
+    import hashlib
+    import tempfile
+    dump = tmp_path / "d"
+    key = hashlib.sha1(os.path.abspath(dump).encode()).hexdigest()[:16]
+    claims = Path(tempfile.gettempdir()) / "rankscope-claims" / key
+    claims.mkdir(parents=True, exist_ok=True)
+    (claims / "rank0.pid").write_text(str(os.getppid()))  # a live process that is not us
+    dbg = PrecisionDebugger(dump_path=str(dump), level="L0")
+    train(1, dbg)  # start(net) with RANK_ID unset -> explicit rank below
+    dbg.close()
+    dbg = PrecisionDebugger(dump_path=str(dump), level="L0")
+    net, opt, grad_fn = make()
+    dbg.start(net, rank_id=0)
+    loss, grads = grad_fn(*batch(0))
+    opt(grads)
+    dbg.stop()
+    dbg.step()
+    assert not (dump / "step0" / "rank0").exists()
+    assert (dump / "step0" / f"proc{os.getpid()}" / "dump.json").exists()
+    (claims / "rank0.pid").write_text("999999999")  # a dead owner: the claim is stale
+    dbg2 = PrecisionDebugger(dump_path=str(dump), level="L0")
+    dbg2.start(net, rank_id=0)
+    net(batch(0)[0])
+    dbg2.stop()
+    dbg2.step()
+    assert (dump / "step0" / "rank0" / "dump.json").exists()

@@ -161,6 +161,8 @@ class CellHooks:
         return grad_hook
 
     def _param_entry(self, name: str, param: Any) -> dict:
+        if self.rec.params_now():
+            return self.rec.tensor_now(name, Kind.PARAM, param)
         return self.rec.tensor(name, Kind.PARAM, param)
 
     def _pgrad_hook(self, prefix: str, pname: str):

@@ -53,6 +53,12 @@ class Recorder:
         self.construct: dict[str, str | None] = {}
         self._stack_cache: dict[tuple, list[str]] = {}
         self._pending: list[tuple] = []
+        #: Whether parameters must be read when the forward uses them. True unless an
+        #: optimizer is hooked: then its pre-hook resolves everything before the update,
+        #: which is exact and costs one pipeline drain per step instead of one per cell.
+        #: Without one (inference), weights may change within a step (e.g. between
+        #: decode iterations), so they are read at once.
+        self.params_now: Callable[[], bool] = lambda: True
 
     # ------------------------------------------------------------------ filters
     def wants(self, name: str) -> bool:
@@ -92,6 +98,11 @@ class Recorder:
         entry: dict = {}
         self._pending.append((name, kind, value, self.crc if crc is None else crc, entry))
         return entry
+
+    def tensor_now(self, name: str, kind: Kind, value: Any, crc: bool | None = None) -> dict:
+        """Read a tensor immediately (after everything queued, to keep record order)."""
+        self.resolve()
+        return self.add_stats(name, kind, self.stats(value, crc), value)
 
     def resolve(self) -> None:
         """Compute every queued tensor's stats, in record order (one pipeline drain)."""
