@@ -361,9 +361,6 @@ def test_a_rank_folder_held_by_another_live_process_is_not_overwritten(tmp_path)
     claims.mkdir(parents=True, exist_ok=True)
     (claims / "rank0.pid").write_text(str(os.getppid()))  # a live process that is not us
     dbg = PrecisionDebugger(dump_path=str(dump), level="L0")
-    train(1, dbg)  # start(net) with RANK_ID unset -> explicit rank below
-    dbg.close()
-    dbg = PrecisionDebugger(dump_path=str(dump), level="L0")
     net, opt, grad_fn = make()
     dbg.start(net, rank_id=0)
     loss, grads = grad_fn(*batch(0))
