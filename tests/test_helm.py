@@ -6,6 +6,7 @@ One test per values combination that matters, and bad values must fail at instal
 from __future__ import annotations
 
 import base64
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -455,55 +456,96 @@ def test_rendered_scripts_and_probes_parse(chart, tmp_path):
         compile(code, "probe", "exec")
 
 
-def test_rendered_agent_container_runs_and_reaches_a_curve_coordinator(chart, tmp_path):
-    """The DaemonSet's container command, run as rendered (host paths moved under tmp,
-    the Service name pointed at a local port): the real agent starts, its socket is
-    group-connectable only and passes the readiness probe, and it reaches a CURVE ROUTER
-    that holds the head pod's projected keys."""
-    import subprocess
-    import sys
+# ---- the rendered containers, run for real on this machine ---------------------------------------
 
+class LocalPods:
+    """The chart rendered with keys made by `rankscope keys new`, the Secret projected into
+    each pod's key directory, and a map that moves the pods' host paths and cluster
+    addresses onto this machine."""
+
+    def __init__(self, chart, tmp_path: Path) -> None:
+        from agent import keys_cli
+        keys = tmp_path / "keys"
+        for name in ("coordinator", "agent"):
+            keys_cli.main(["new", name, "--dir", str(keys)])
+        values = {"curve": {"create": True, "keys": {
+            "coordinatorPublic": (keys / "coordinator.key").read_text(),
+            "coordinatorSecret": (keys / "coordinator.key_secret").read_text(),
+            "agentPublic": (keys / "agent.key").read_text(),
+            "agentSecret": (keys / "agent.key_secret").read_text()}}}
+        self.objs, _ = render(chart, values)
+        secret = self.objs[f"Secret/{FULLNAME}-curve"]
+        self.head = head_pod(self.objs)
+        self.node = daemonset(self.objs)["spec"]["template"]["spec"]
+        self.head_keys = _project_secret(volume(self.head, "curve"), secret, tmp_path / "head-keys")
+        self.node_keys = _project_secret(volume(self.node, "curve"), secret, tmp_path / "node-keys")
+        (tmp_path / "run").mkdir()
+        self.socket = tmp_path / "run" / "agent.sock"
+        self.tmp = tmp_path
+        self.node_map = {"/run/rankscope": str(tmp_path / "run"), "/var/lib/rankscope": str(tmp_path / "state"),
+                         "/etc/rankscope/curve": str(self.node_keys), "$(NODE_NAME)": "node-1"}
+
+    def command(self, container_spec: dict, mapping: dict[str, str]) -> list[str]:
+        def localise(arg: str) -> str:
+            for k, v in mapping.items():
+                arg = arg.replace(k, v)
+            return arg
+        return [localise(a) for a in container_spec["command"] + container_spec.get("args", [])]
+
+    def env(self, container_spec: dict, mapping: dict[str, str]) -> dict[str, str]:
+        import sys
+        env = {e["name"]: self.command({"command": [e["value"]]}, mapping)[0]
+               for e in container_spec.get("env", []) if "value" in e}
+        env.update(PATH=f"{Path(sys.executable).parent}:/usr/bin:/bin", NODE_NAME="node-1",
+                   HOME=str(self.tmp))
+        if "RAY_AUTH_MODE" in os.environ:
+            env["RAY_AUTH_MODE"] = os.environ["RAY_AUTH_MODE"]
+        return env
+
+    def start_agent(self, coordinator: str):
+        import subprocess
+        agent = container(self.node, "agent")
+        mapping = {f"tcp://{FULLNAME}-coordinator.{NAMESPACE}.svc:5555": coordinator, **self.node_map}
+        return subprocess.Popen(self.command(agent, mapping), env=self.env(agent, mapping),
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    def readiness(self) -> int:
+        import subprocess
+        probe = container(self.node, "agent")["readinessProbe"]["exec"]["command"]
+        return subprocess.run(self.command({"command": probe}, self.node_map)).returncode
+
+
+def _stop(proc) -> str:
+    import subprocess
+    if proc.poll() is None:
+        proc.terminate()
+    try:
+        out, _ = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, _ = proc.communicate()
+    return out or ""
+
+
+def test_rendered_agent_container_runs_and_reaches_a_curve_coordinator(chart, tmp_path):
+    """The DaemonSet's container command as rendered: the real agent starts, its socket
+    is group-connectable only and passes the readiness probe, and it reaches a CURVE
+    ROUTER that holds the head pod's projected keys and allowlist."""
     import zmq
 
-    from agent import keys_cli, protocol
+    from agent import protocol
     from agent.transport import CurveKeys, bind_router, stop_authenticator
 
-    keys = tmp_path / "keys"
-    for name in ("coordinator", "agent"):
-        keys_cli.main(["new", name, "--dir", str(keys)])
-    values = {"curve": {"create": True, "keys": {
-        "coordinatorPublic": (keys / "coordinator.key").read_text(),
-        "coordinatorSecret": (keys / "coordinator.key_secret").read_text(),
-        "agentPublic": (keys / "agent.key").read_text(),
-        "agentSecret": (keys / "agent.key_secret").read_text()}}}
-    objs, _ = render(chart, values)
-    secret = objs[f"Secret/{FULLNAME}-curve"]
-    head_dir = _project_secret(volume(head_pod(objs), "curve"), secret, tmp_path / "head")
-    pod = daemonset(objs)["spec"]["template"]["spec"]
-    agent_dir = _project_secret(volume(pod, "curve"), secret, tmp_path / "node")
-    agent = container(pod, "agent")
-
+    pods = LocalPods(chart, tmp_path)
     ctx = zmq.Context()
-    coord_keys = CurveKeys.from_files(head_dir / "coordinator.key_secret", allow_dir=head_dir / "allowed")
-    router, bound = bind_router(ctx, "tcp://127.0.0.1:0", coord_keys)
-    host_dirs = {"/run/rankscope": tmp_path / "run", "/var/lib/rankscope": tmp_path / "state",
-                 "/etc/rankscope/curve": agent_dir, f"tcp://{FULLNAME}-coordinator.{NAMESPACE}.svc:5555": bound}
-    (tmp_path / "run").mkdir()
-
-    def localise(arg: str) -> str:
-        for k, v in host_dirs.items():
-            arg = arg.replace(k, str(v))
-        return arg.replace("$(NODE_NAME)", "node-1")
-
-    env = {e["name"]: e["value"] for e in agent["env"] if "value" in e}
-    env.update(PATH=f"{Path(sys.executable).parent}:/usr/bin:/bin", NODE_NAME="node-1")
-    proc = subprocess.Popen([localise(a) for a in agent["command"] + agent["args"]], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    keys = CurveKeys.from_files(pods.head_keys / "coordinator.key_secret", allow_dir=pods.head_keys / "allowed")
+    router, bound = bind_router(ctx, "tcp://127.0.0.1:0", keys)
+    proc = pods.start_agent(bound)
     try:
         poller = zmq.Poller()
         poller.register(router, zmq.POLLIN)
         status = None
-        for _ in range(150):  # up to ~30 s on a loaded machine; normally the first 2 s
+        for _ in range(150):  # bounded: ~30 s on a loaded machine, normally the first 2 s
             if proc.poll() is not None:
                 break
             if poller.poll(200):
@@ -515,14 +557,68 @@ def test_rendered_agent_container_runs_and_reaches_a_curve_coordinator(chart, tm
         assert status is not None, f"no STATUS from the agent: rc={proc.poll()}"
         ident, msg = status
         assert ident.startswith(b"agent:node-1:") and msg.body["detail"]["host"] == "node-1"
-        sock = tmp_path / "run" / "agent.sock"
-        assert oct(sock.stat().st_mode & 0o777) == "0o770"  # umask 007 from the container command
-        probe = [localise(a) for a in agent["readinessProbe"]["exec"]["command"]]
-        assert subprocess.run(probe).returncode == 0
+        assert oct(pods.socket.stat().st_mode & 0o777) == "0o770"  # umask 007 in the command
+        assert pods.readiness() == 0
     finally:
-        proc.terminate()
-        out, _ = proc.communicate(timeout=30)
+        out = _stop(proc)
         router.close(0)
         stop_authenticator(ctx)  # its ZAP socket would keep ctx.term() waiting
         ctx.term()
     assert proc.returncode == 0, out
+
+
+@pytest.mark.ray
+def test_rendered_head_sidecar_and_agent_run_together(chart, tmp_path, monkeypatch):
+    """The head pod's coordinator sidecar script as rendered, against a real local Ray in
+    place of the ray-head container: it waits for Ray, starts the coordinator actor bound
+    with CURVE on all interfaces, exporting where the exports volume is mounted; the
+    rendered agent then connects to it as a peer. SIGTERM stops both cleanly."""
+    import socket as socketlib
+    import subprocess
+    import time
+
+    import ray
+
+    from coordinator.actor import DEFAULT_NAME, DEFAULT_NAMESPACE
+
+    pods = LocalPods(chart, tmp_path)
+    # A fresh `ray start --head` in a pod has no token auth; a local ray.init() turns it on
+    # when ~/.ray/auth_token exists, which the sidecar here (own HOME) would not have.
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+    with socketlib.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ray.init(num_cpus=2, include_dashboard=False, namespace=DEFAULT_NAMESPACE)
+    sidecar = agent = None
+    try:
+        gcs = ray.get_runtime_context().gcs_address
+        exports = tmp_path / "exports"
+        head_map = {"127.0.0.1:6379": gcs, "0.0.0.0:5555": f"0.0.0.0:{port}",
+                    "/var/lib/rankscope/exports": str(exports), "/etc/rankscope/curve": str(pods.head_keys)}
+        spec = container(pods.head, "coordinator")
+        sidecar = subprocess.Popen(pods.command(spec, head_map), env=pods.env(spec, head_map),
+                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        # The sidecar's readinessProbe: a TCP connect to the ZeroMQ port.
+        deadline = time.monotonic() + 120
+        while sidecar.poll() is None and time.monotonic() < deadline:
+            try:
+                socketlib.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                time.sleep(0.5)
+        assert sidecar.poll() is None, _stop(sidecar)
+        handle = ray.get_actor(DEFAULT_NAME, namespace=DEFAULT_NAMESPACE)
+        assert ray.get(handle.endpoint.remote()).endswith(f":{port}")
+
+        agent = pods.start_agent(f"tcp://127.0.0.1:{port}")
+        peers = 0
+        while agent.poll() is None and time.monotonic() < deadline and not peers:
+            peers = ray.get(handle.status.remote(), timeout=30)["peers"]
+            time.sleep(0.5)
+        assert peers == 1, f"the agent never became a coordinator peer: {_stop(agent)}"
+        assert pods.readiness() == 0
+        assert exports.is_dir()
+    finally:
+        outputs = [_stop(p) for p in (agent, sidecar) if p is not None]
+        ray.shutdown()
+    assert agent.returncode == 0 and sidecar.returncode == 0, outputs
