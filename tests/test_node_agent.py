@@ -199,3 +199,44 @@ def test_agent_restart_ranks_keep_their_ids_and_keep_streaming(tmp_path, coord):
         for p in ranks:
             stop(p)
         stop(proc)
+
+
+def test_stopped_rank_is_reported_unresponsive_then_back(tmp_path, coord):
+    proc, endpoint = start_agent(tmp_path, coord.bound, "--heartbeat-timeout", "2")
+    rank = start_rank(endpoint, "--claim", "3", "--world-size", "1", "--steps", "5", "--then", "hang")
+    try:
+        wait_event(rank, "done")
+        coord.wait_for(lambda m: m.type == protocol.STEP and m.body["step"] == 4)
+        os.kill(rank.pid, signal.SIGSTOP)  # alive, but neither training nor heart-beating
+        lost = coord.wait_for(lambda m: m.type == protocol.RANK_LOST, timeout=30)[0]
+        assert lost.body["rank"] == 3 and lost.body["reason"].startswith("unresponsive")
+        assert lost.body["exit_status"] is None and lost.body["last_step"] == 4
+        os.kill(rank.pid, signal.SIGCONT)
+        back = coord.wait_for(lambda m: m.type == protocol.STATUS and m.body["what"] == "rank_back", timeout=30)
+        assert back[0].body["detail"]["rank"] == 3
+    finally:
+        stop(rank)
+        stop(proc)
+
+
+def test_agent_without_a_coordinator_still_registers_and_writes_bundles(tmp_path):
+    proc, endpoint = start_agent(tmp_path, None)
+    rank = start_rank(endpoint, "--claim", "1", "--world-size", "1", "--steps", "3", "--then", "hang")
+    try:
+        assert wait_event(rank, "registered")["rank"] == 1
+        wait_event(rank, "done")
+        os.kill(rank.pid, signal.SIGKILL)
+        map_file = tmp_path / "bundles" / "j" / "rank_map.json"
+
+        def states():
+            return [(r["assigned_rank"], r["state"]) for r in json.loads(map_file.read_text())["entries"]]
+
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and states() != [(1, "lost")]:
+            time.sleep(0.1)
+        assert states() == [(1, "lost")]  # written after the bundle
+        manifest = tmp_path / "bundles" / "j" / "rank_1" / "rdr" / "manifest.json"
+        assert json.loads(manifest.read_text())["on_behalf"] is True
+    finally:
+        stop(rank)
+        stop(proc)
