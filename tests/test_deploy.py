@@ -221,6 +221,7 @@ def test_sbatch_dry_run(fakes, tmp_path):
     env, log = fakes
     ray_port, coord_port = free_port(), free_port()
     env.update(FAKE_NODES="127.0.0.1 node-b", SLURM_JOB_ID="4242", SLURM_JOB_NODELIST="n[1-2]",
+               SLURM_CPUS_ON_NODE="16",
                RANKS_PER_NODE="4", RAY_PORT=str(ray_port), COORDINATOR_PORT=str(coord_port),
                SOCKET_DIR=str(tmp_path / "sock"), EXPORT_DIR=str(tmp_path / "exports"),
                CURVE_DIR="/keys")
@@ -242,6 +243,7 @@ def test_sbatch_dry_run(fakes, tmp_path):
     assert ray_step["nodes"] == coord_step["nodes"] == ["127.0.0.1"]
     assert "--ntasks-per-node=1" in agent_step["opts"] and agent_step["nodes"] == ["127.0.0.1", "node-b"]
     assert "--ntasks-per-node=1" in train_step["opts"] and train_step["nodes"] == ["127.0.0.1", "node-b"]
+    assert "--cpus-per-task=16" in train_step["opts"]  # msrun's workers get the whole node
     assert all("--overlap" in s["opts"] for s in (ray_step, coord_step, agent_step))
 
     coord, = [c for c in log_calls if c["tool"] == "rankscope" and c["argv"][0] == "coordinator"]
