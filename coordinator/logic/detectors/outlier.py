@@ -147,19 +147,36 @@ class OutlierDetector:
         }
         return [make_verdict(self.name, view, row, col, ties, evidence)]
 
-    def _history(self, y: np.ndarray, cols: np.ndarray, kinds: np.ndarray, state: dict, rows: int) -> tuple[np.ndarray, np.ndarray]:
+    @staticmethod
+    def _history_arrays(state: dict, cols: np.ndarray, rows: int) -> dict:
+        """Per (rank, column) EWMA state, kept compact for the current column set.
+
+        The judged columns rarely change, so the arrays are stored for exactly these
+        columns and updated in place; when columns or ranks are added they are rebuilt,
+        carrying the history of every column that stays.
+        """
+        h = state.get("hist")
+        if h is not None and h["mean"].shape[0] >= rows and np.array_equal(h["cols"], cols):
+            return h
+        cap = max(rows, 0 if h is None else h["mean"].shape[0])
+        new = {"cols": cols.copy(), "mean": np.zeros((cap, cols.shape[0])),
+               "absdev": np.zeros((cap, cols.shape[0])), "count": np.zeros((cap, cols.shape[0]), np.int64)}
+        if h is not None:
+            old_pos = {int(c): i for i, c in enumerate(h["cols"])}
+            pairs = [(j, old_pos[int(c)]) for j, c in enumerate(cols) if int(c) in old_pos]
+            if pairs:
+                dst, src = map(list, zip(*pairs))
+                r = h["mean"].shape[0]
+                for key in ("mean", "absdev", "count"):
+                    new[key][:r, dst] = h[key][:, src]
+        state["hist"] = new
+        return new
+
+    def _history(self, y: np.ndarray, cols: np.ndarray, kinds: np.ndarray, state: dict,
+                 rows: int) -> tuple[np.ndarray, np.ndarray]:
         """Flag changes against each rank's own EWMA level, then fold this step in."""
-        k = int(cols.max()) + 1
-        mean, absdev, count = state.get("mean"), state.get("absdev"), state.get("count")
-        if mean is None or mean.shape[0] < rows or mean.shape[1] < k:
-            r2, k2 = max(rows, 0 if mean is None else mean.shape[0]), max(k, 0 if mean is None else mean.shape[1])
-            new_mean, new_abs, new_cnt = np.zeros((r2, k2)), np.zeros((r2, k2)), np.zeros((r2, k2), np.int64)
-            if mean is not None:
-                new_mean[: mean.shape[0], : mean.shape[1]] = mean
-                new_abs[: mean.shape[0], : mean.shape[1]] = absdev
-                new_cnt[: mean.shape[0], : mean.shape[1]] = count
-            mean, absdev, count = state["mean"], state["absdev"], state["count"] = new_mean, new_abs, new_cnt
-        m, a, c = mean[:rows, cols], absdev[:rows, cols], count[:rows, cols]
+        h = self._history_arrays(state, cols, rows)
+        m, a, c = h["mean"][:rows], h["absdev"][:rows], h["count"][:rows]
         fin = np.isfinite(y)
         level = np.where(c > 0, m, np.nan)
         flag = np.zeros(y.shape, bool)
@@ -175,9 +192,12 @@ class OutlierDetector:
         # A flagged value must not become the baseline it is judged against next step.
         upd = fin & ~flag
         first = upd & (c == 0)
+        later = upd & ~first
         alpha = self.s.history_alpha
-        dev = np.abs(np.where(upd, y, 0.0) - m)
-        m_new = np.where(first, y, np.where(upd, m + alpha * (np.where(upd, y, m) - m), m))
-        a_new = np.where(upd & ~first, a + alpha * (dev - a), a)
-        mean[:rows, cols], absdev[:rows, cols], count[:rows, cols] = m_new, a_new, c + upd
+        with np.errstate(invalid="ignore"):
+            diff = y - m  # NaN where y is unusable; every write below is masked
+            np.add(a, alpha * (np.abs(diff) - a), out=a, where=later)
+            np.add(m, alpha * diff, out=m, where=later)
+        np.copyto(m, y, where=first)
+        c += upd
         return flag, level
