@@ -331,6 +331,8 @@ class StepAligner:
                 self.counters["steps_judged"] += 1
                 if missing.any():
                     self.counters["steps_by_deadline" if late else "steps_forced"] += 1
+                # A paused rank is never reported missing, even when the pending bound forces a judgement.
+                missing &= ~grp.paused_mask()
                 out.append((grp, self._view(grp, slot, live, missing, by_deadline=bool(missing.any()) and late)))
         return out
 
