@@ -350,6 +350,9 @@ def test_seed_examples_run_unchanged(tmp_path):
     l1 = load(tmp_path / "l1", 1, label)["data"]
     assert {"Functional.matmul.0.forward", "Functional.relu.0.forward", "Functional.relu.0.backward"} <= set(l1)
     assert l1["Functional.relu.0.backward"]["input"][0]["shape"] == [4, 3]
+    assert l1["Functional.matmul.0.backward"]["output"][0]["shape"] == [4, 8]  # grad of x
+    # ms.grad(model) differentiates w.r.t. the input only: no gradient for w
+    assert l1["Functional.matmul.0.backward"]["output"][1:] in ([], [None])
 
 
 def test_a_rank_folder_held_by_another_live_process_is_not_overwritten(tmp_path):

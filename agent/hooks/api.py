@@ -155,29 +155,7 @@ class ApiHooks:
                 r.put(name, entry)
             finally:
                 hooks.depth -= 1
-            if r.wants_io("backward", "input") and r.wants(f"{api_name}.{n}.backward"):
-                self._hook_backward(f"{api_name}.{n}.backward", out)
+            if "backward" in r._dirs and r.wants(f"{api_name}.{n}.backward"):  # noqa: SLF001
+                r.hook_grads(name, None, args, out)
         except Exception as exc:  # noqa: BLE001
             r.error(f"{api_name} API hook", exc)
-
-    def _hook_backward(self, name: str, out: Any) -> None:
-        outs = out if isinstance(out, (tuple, list)) else (out,)
-        r = self.rec
-        for i, t in enumerate(outs):
-            reg = getattr(t, "register_hook", None)
-            if reg is None:
-                continue
-
-            def grad_hook(grad, _i=i):  # noqa: ANN001
-                try:
-                    if r.dumping:
-                        entry = r.entries.setdefault(name, {"input": [], "output": []})
-                        entry["input"].append(r.tensor(f"{name}.input.{_i}", Kind.BACKWARD, grad))
-                        r.construct.setdefault(name, None)
-                except Exception as exc:  # noqa: BLE001
-                    r.error(f"{name} grad hook", exc)
-                return None
-            try:
-                reg(grad_hook)
-            except Exception:  # noqa: BLE001 - not part of a graph (no grad): nothing to record
-                pass

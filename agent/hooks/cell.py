@@ -8,7 +8,7 @@ path when a list of models is given. The root cell itself is not dumped (msProbe
 Why these hook types: Cell forward(-pre) hooks plus tensor-level grad hooks registered
 on each call's outputs/inputs (and on parameters) cost next to nothing here, whereas a
 Cell backward hook (or msProbe's per-call CellBackwardHook op) roughly doubles the cost
-of a PyNative step. See :meth:`CellHooks._hook_grads`.
+of a PyNative step. See :meth:`Recorder.hook_grads`.
 """
 from __future__ import annotations
 
@@ -106,59 +106,11 @@ class CellHooks:
                                            for pn, p in params.items() if p is not None}
                 r.put(name, entry, parent)
                 if "backward" in r._dirs:  # noqa: SLF001
-                    rec._hook_grads(name, parent, args, output)
+                    r.hook_grads(name, parent, args, output)
             except Exception as exc:  # noqa: BLE001
                 r.error(f"{prefix} forward hook", exc)
             return None
         return fwd_hook
-
-    def _hook_grads(self, fwd_name: str, parent: str | None, args: tuple, output: Any) -> None:
-        """Tensor-level grad hooks on this call's outputs and inputs.
-
-        Why not Cell.register_backward_hook: it inserts a CellBackwardHook op per call and
-        costs ~50% of the step on the MLP bench; tensor hooks cost next to nothing, and
-        the forward call index is known here, so backward.{n} pairs with forward.{n}
-        exactly. Caveat: a tensor's grad is its total grad, so for an input that also
-        feeds other cells (a residual), "output" includes their share too.
-        """
-        bname = fwd_name.replace(".forward.", ".backward.")
-        bparent = parent.replace(".forward.", ".backward.") if parent else None
-        outs = output if isinstance(output, (tuple, list)) else (output,)
-        ins = args if isinstance(args, (tuple, list)) else (args,)
-        r = self.rec
-        for io, tensors, want in (("input", outs, r.wants_io("backward", "input")),
-                                  ("output", ins, r.wants_io("backward", "output"))):
-            if not want:
-                continue
-            for i, t in enumerate(tensors):
-                reg = getattr(t, "register_hook", None)
-                if reg is None or getattr(t, "asnumpy", None) is None:
-                    continue
-                try:
-                    reg(self._grad_hook(bname, bparent, io, i, len(tensors)))
-                except Exception:  # noqa: BLE001 - a tensor outside autograd: nothing to record
-                    pass
-
-    def _grad_hook(self, bname: str, bparent: str | None, io: str, i: int, n: int):
-        rec = self
-
-        def grad_hook(grad):  # noqa: ANN001
-            r = rec.rec
-            try:
-                if not r.dumping:
-                    return None
-                entry = r.entries.get(bname)
-                if entry is None:
-                    entry = {"input": [], "output": []}
-                    r.put(bname, entry, bparent)
-                slots = entry[io]
-                if len(slots) < n:
-                    slots.extend([None] * (n - len(slots)))
-                slots[i] = r.tensor(f"{bname}.{io}.{i}", Kind.BACKWARD, grad)
-            except Exception as exc:  # noqa: BLE001
-                r.error(f"{bname} grad hook", exc)
-            return None  # never replace the gradient
-        return grad_hook
 
     def _param_entry(self, name: str, param: Any) -> dict:
         if self.rec.params_now():
