@@ -78,8 +78,9 @@ class OutlierSettings:
     z: float = 8.0
     ratio: float = 4.0
     min_ranks: int = 3
-    #: The floor also rises to tail_factor x the usual spread of the record's kind
-    #: (learned over the run), so noisy, heavy-tailed kinds do not false-alarm.
+    #: The ratio floor also rises to tail_factor x the usual spread of the record's
+    #: column and kind (learned over the run), so noisy, heavy-tailed columns do not
+    #: false-alarm; before a column has 5 steps the floor is ratio**2, high side only.
     tail_factor: float = 12.0
     history: bool = True
     history_z: float = 8.0

@@ -2,9 +2,10 @@
 
 These legitimately differ per rank (each rank sees its own micro-batch), so they are
 compared robustly on a log scale: a value is flagged against its group when
-``|log v - median| > z * 1.4826 * MAD`` and the ratio to the median exceeds
-``ratio`` (both gates: MAD alone fires on tiny differences when ranks agree closely,
-the ratio alone ignores how noisy the group is). Against its own history, each rank's
+``|log v - median| > z * 1.4826 * MAD`` and the ratio to the median exceeds a floor:
+``ratio``, raised to ``tail_factor`` x the spread learned for the column and its kind
+(both gates: MAD alone fires on tiny differences when ranks agree closely, a fixed
+ratio alone ignores how noisy a column is). Against its own history, each rank's
 change from its running (EWMA) log level is compared with the changes of its peers by
 the same two gates, so a shift every rank makes at once (LR warm-up, a hard batch for
 all) is not a finding; with fewer than ``min_ranks`` peers the change is judged against
