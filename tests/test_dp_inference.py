@@ -25,6 +25,7 @@ ms = pytest.importorskip("mindspore")
 import decoder  # noqa: E402
 import faults  # noqa: E402
 from replica_trace import ReplicaTrace, first_divergence  # noqa: E402
+from token_index import call_index, token_of  # noqa: E402
 
 TOKENS = 5
 
@@ -83,6 +84,24 @@ def test_generate_rejects_too_many_tokens():
     model = decoder.build_model(decoder.DecoderConfig(max_len=8))
     with pytest.raises(ValueError, match="max_new_tokens=6"):
         decoder.greedy_generate(model, decoder.make_prompts(), 6)
+
+
+# ----------------------------------------------------------------- token index
+@pytest.mark.parametrize("name, call, token", [
+    ("Cell.layers.1.attn.qkv.Dense.forward.2.output.0", 2, 5),
+    ("Cell.tok_emb.Embedding.forward.0.parameters.embedding_table", 0, 3),
+    ("Cell.layers.0.Block.forward.1", 1, 4),
+    ("Cell.head.Dense.backward.0.input.0", 0, 3),
+])
+def test_token_of_maps_recorded_call_to_decode_token(name, call, token):
+    assert call_index(name) == call
+    assert token_of(name, (3, 6)) == token
+
+
+def test_token_of_without_a_call_index_or_past_the_range():
+    assert token_of("Sentinel.loss", (1, 3)) is None
+    with pytest.raises(ValueError, match="past token_range"):
+        token_of("Cell.head.Dense.forward.3", (1, 3))
 
 
 # --------------------------------------------------------- replicas, in-process
