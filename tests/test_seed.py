@@ -82,35 +82,38 @@ print("deterministic", ms.get_context("deterministic"), os.environ.get("HCCL_DET
 """
 
 
-def run_dump(tmp_path, tag: str, mode: str) -> str:
-    """Run one training process; return a digest of every file of its dump."""
+def run_dump(tmp_path, tag: str, mode: str) -> dict[str, str]:
+    """Run one training process; return {file of its dump: sha256 of its content}."""
     root = tmp_path / tag
     script = _RUN_DEBUGGER if importlib.util.find_spec("agent.debugger") else _RUN_WRITER
     env = {k: v for k, v in os.environ.items() if k != "HCCL_DETERMINISTIC"}
-    proc = subprocess.run([sys.executable, "-c", script, str(root), mode], cwd=REPO, check=True,
+    proc = subprocess.run([sys.executable, "-c", script, str(root), mode], cwd=REPO,
                           capture_output=True, text=True, env={**env, "GLOG_v": "3", "RANK_ID": "0"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
     # seed_all(mode=True) in the seeded runs: deterministic kernels + HCCL reductions on.
     expect = "deterministic ON true" if mode == "seed" else "deterministic OFF None"
-    assert proc.stdout.strip().splitlines()[-1] == expect
-    digest = hashlib.sha256()
-    files = sorted(p for p in root.rglob("*") if p.is_file())
-    assert len(files) >= 2 * (3 + 8)  # dump.json etc. + npy files per step
-    for path in files:
+    assert proc.stdout.strip().splitlines()[-1] == expect, proc.stdout[-2000:]
+    digests = {}
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
         data = path.read_bytes()
         if path.name == "dump.json":  # dump_data_dir is the (different) absolute folder
             dump = json.loads(data)
             dump["dump_data_dir"] = None
             data = json.dumps(dump, sort_keys=True).encode()
-        digest.update(str(path.relative_to(root)).encode() + b"\0" + data)
-    return digest.hexdigest()
+        digests[str(path.relative_to(root))] = hashlib.sha256(data).hexdigest()
+    assert len(digests) >= 2 * (3 + 8)  # dump.json etc. + npy files per step
+    return digests
 
 
 def test_seeded_runs_bit_identical_unseeded_runs_differ(tmp_path):
-    seeded = {run_dump(tmp_path, f"s{i}", "seed") for i in range(2)}
-    unseeded = {run_dump(tmp_path, f"u{i}", "none") for i in range(2)}
-    assert len(seeded) == 1
-    assert len(unseeded) == 2
-    assert not seeded & unseeded
+    s0, s1 = run_dump(tmp_path, "s0", "seed"), run_dump(tmp_path, "s1", "seed")
+    u0, u1 = run_dump(tmp_path, "u0", "none"), run_dump(tmp_path, "u1", "none")
+    assert s0 == s1, sorted(k for k in s0.keys() | s1.keys() if s0.get(k) != s1.get(k))
+    assert u0 != u1 and u0 != s0
+    # Not just a detail: the parameters the runs start from differ.
+    init = "step0/rank0/dump_tensor_data/Cell.0.Dense.forward.0.parameters.weight.npy"
+    if init in u0:
+        assert u0[init] != u1[init]
 
 
 def test_reseeding_in_process_repeats_random_streams(monkeypatch):
