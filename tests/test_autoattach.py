@@ -128,3 +128,23 @@ def test_processes_without_mindspore_pay_nothing(tmp_path):
             "print('mindspore' in sys.modules, 'agent.debugger' in sys.modules, a._finder is not None)")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
     assert out.stdout.split() == ["False", "False", "True"], out.stderr
+
+
+def test_rankscope_config_is_honoured(tmp_path):
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({"task": "statistics", "level": "L0", "step": [1],
+                               "statistics": {"data_mode": ["forward"]}}))
+    script = PLAIN.format(debugger_setup="", debugger_start="pass", debugger_end="pass")
+    run(script, tmp_path, {"RANKSCOPE_CONFIG": str(cfg)})
+    got = dumps(tmp_path)
+    assert sorted(got) == [1]
+    assert got[1] and all(".forward." in k for k in got[1])
+
+
+def test_import_agent_stays_light():
+    code = ("import sys, agent, agent.protocol, agent.records; "
+            "print(sorted(m for m in ('mindspore', 'agent.debugger', 'agent.hooks.cell', 'ray') "
+            "if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60,
+                         env={k: v for k, v in os.environ.items() if k != "RANKSCOPE_ATTACH"})
+    assert out.stdout.strip() == "[]", out.stderr
