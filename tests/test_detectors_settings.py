@@ -57,3 +57,14 @@ def test_replica_kinds_are_validated() -> None:
     with pytest.raises(SettingsError) as err:
         parse_settings({"detectors": {"replica": {"kinds": ["params"]}}})
     assert err.value.field == "cluster.detectors.replica.kinds" and err.value.value == "params"
+
+
+def test_long_names_are_accepted_as_aliases() -> None:
+    s = parse_settings({"detectors": {"peer_outlier": {"threshold": 12.0}, "replica_consistency": False},
+                        "watchpoints": [{"condition": "gradient_explosion"}, {"condition": "Weight_Not_Changed"},
+                                        {"condition": "tl", "max_gt": 1}]})
+    assert s.detectors.outlier.z == 12.0 and s.detectors.replica.enabled is False
+    assert [w.condition.value for w in s.watchpoints] == ["GE", "WNC", "TL"]
+    with pytest.raises(SettingsError) as err:
+        parse_settings({"watchpoints": [{"condition": "operator_overflow"}]})
+    assert "Ascend-only" in str(err.value)

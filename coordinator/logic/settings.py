@@ -135,6 +135,10 @@ _DETECTOR_SECTIONS = {
     "nan_origin": NanOriginSettings, "replica": ReplicaSettings,
     "outlier": OutlierSettings, "progress": ProgressSettings,
 }
+#: Longer spellings users reach for (DESIGN.md's names); same sections.
+_SECTION_ALIASES = {"peer_outlier": "outlier", "replica_consistency": "replica", "nan": "nan_origin"}
+#: outlier.threshold is the robust-z threshold.
+_KEY_ALIASES = {"outlier": {"threshold": "z"}}
 
 
 def parse_settings(cluster_section: Mapping[str, Any] | None) -> CoordinatorSettings:
@@ -204,6 +208,7 @@ def _parse_detectors(val: Any) -> DetectorSettings:
         if name == "repeat_after_steps":
             kw[name] = _positive_int(fld, sub)
             continue
+        name = _SECTION_ALIASES.get(name, name)
         cls = _DETECTOR_SECTIONS.get(name)
         if cls is None:
             raise SettingsError(fld, sub, f"unknown detector (known: {', '.join(_DETECTOR_SECTIONS)}, repeat_after_steps)")
@@ -212,7 +217,8 @@ def _parse_detectors(val: Any) -> DetectorSettings:
             continue
         if not isinstance(sub, Mapping):
             raise SettingsError(fld, sub, "must be true/false or a map of settings")
-        kw[name] = _build_section(fld, cls, sub)
+        aliases = _KEY_ALIASES.get(name, {})
+        kw[name] = _build_section(fld, cls, {aliases.get(k, k): v for k, v in sub.items()})
     return DetectorSettings(**kw)
 
 

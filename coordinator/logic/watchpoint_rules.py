@@ -39,6 +39,15 @@ class Condition(str, enum.Enum):
     GV = "GV"  # gradient vanishing (below threshold)
 
 
+#: MindInsight's long condition names, accepted beside the abbreviations.
+CONDITION_ALIASES = {
+    "tensor_overflow": "TO", "tensor_all_zero": "TZ", "tensor_range": "TR", "tensor_too_large": "TL",
+    "tensor_too_small": "TS", "activation_range": "AR", "weight_change_too_large": "WCL",
+    "weight_change_too_small": "WCS", "weight_initialization": "WI", "weight_not_changed": "WNC",
+    "weight_overflow": "WO", "weight_too_large": "WL", "weight_too_small": "WS",
+    "gradient_explosion": "GE", "gradient_too_large": "GL", "gradient_vanishing": "GV",
+}
+
 _ALL = frozenset(int(k) for k in Kind)
 _WEIGHT = frozenset({int(Kind.PARAM)})
 _GRAD = frozenset({int(Kind.GRAD_LOCAL), int(Kind.GRAD_REDUCED)})
@@ -99,12 +108,15 @@ def parse_watchpoints(rules: Any, fld: str, err: Callable[[str, Any, str], Excep
         if not isinstance(raw, dict):
             raise err(rf, raw, "must be a map with a 'condition'")
         cond_raw = raw.get("condition")
-        if cond_raw == "OO":
+        if isinstance(cond_raw, str):
+            cond_raw = CONDITION_ALIASES.get(cond_raw.lower(), cond_raw.upper())
+        if cond_raw in ("OO", "OPERATOR_OVERFLOW"):
             raise err(f"{rf}.condition", cond_raw, "operator overflow is Ascend-only; use TO")
         try:
             cond = Condition(cond_raw)
         except ValueError:
-            raise err(f"{rf}.condition", cond_raw, "must be one of " + ", ".join(c.value for c in Condition)) from None
+            raise err(f"{rf}.condition", raw.get("condition"), "must be one of " + ", ".join(c.value for c in Condition)
+                      + " (or " + ", ".join(CONDITION_ALIASES) + ")") from None
         kinds, allowed, needs_param = _SPEC[cond]
         params: list[tuple[str, float]] = []
         names: tuple[str, ...] = ()
