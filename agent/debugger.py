@@ -52,6 +52,7 @@ class PrecisionDebugger:
         self.apis = ApiHooks(self.recorder)
         self.sentinels = Sentinels(self.recorder)
         self.recorder.params_now = lambda: not any(True for _ in self.sentinels.optimizers)
+        self.recorder.device_side = _device_side()
         self.sinks: list[Any] = [self.writer]
         self.flight_recorder = _make_flight_recorder(cfg.cluster.flight_recorder_steps)
         if self.flight_recorder is not None:
@@ -365,6 +366,18 @@ def _make_flight_recorder(k: int) -> Any:
         return FlightRecorder(k)
     except Exception:  # noqa: BLE001
         return None
+
+
+def _device_side() -> bool:
+    """Device-side stats on accelerators (RANKSCOPE_DEVICE_STATS=1/0 forces it)."""
+    forced = os.environ.get("RANKSCOPE_DEVICE_STATS")
+    if forced in ("0", "1"):
+        return forced == "1"
+    try:
+        import mindspore as ms
+        return ms.get_context("device_target") not in ("CPU", None)
+    except Exception:  # noqa: BLE001
+        return False
 
 
 def _alive(pid: int) -> bool:

@@ -175,17 +175,22 @@ def device_stats(value: Any) -> Any:
     For accelerators: the caller stacks these and calls ``asnumpy`` once per step
     (one host transfer of scalars instead of one tensor copy each). Float inputs only.
     """
-    from mindspore import ops  # lazy: agent must import without MindSpore
-    import mindspore as ms
-    x = value.astype(ms.float32) if value.dtype != ms.float32 else value
-    finite = ops.isfinite(x)
-    return ops.stack([x.max(), x.min(), x.mean(), ops.norm(x),
-                      ops.isnan(x).sum().astype(ms.float32),
-                      (~finite).sum().astype(ms.float32) - ops.isnan(x).sum().astype(ms.float32)])
+    import mindspore as ms  # lazy: agent must import without MindSpore
+    from mindspore import ops
+    x = value if value.dtype == ms.float32 else value.astype(ms.float32)
+    nan = ops.isnan(x).sum().astype(ms.float32)
+    nonfinite = ops.logical_not(ops.isfinite(x)).sum().astype(ms.float32)
+    return ops.stack([x.max(), x.min(), x.mean(), ops.norm(x), nan, nonfinite - nan])
+
+
+def device_stats_batch(values: list[Any]) -> np.ndarray:
+    """``device_stats`` of many tensors, read back with a single host transfer: (n, 6)."""
+    from mindspore import ops
+    return ops.stack([device_stats(v) for v in values]).asnumpy().astype(np.float64)
 
 
 def stats_from_device_row(row: np.ndarray, dtype_name: str, shape: list[int]) -> TensorStats:
     """Turn one row read back from :func:`device_stats` into TensorStats."""
     n = int(np.prod(shape)) if shape else 1
-    return TensorStats(dtype_name, shape, float(row[0]), float(row[1]), float(row[2]),
+    return TensorStats(dtype_name, list(shape), float(row[0]), float(row[1]), float(row[2]),
                        float(row[3]), int(row[4]), int(row[5]), n)

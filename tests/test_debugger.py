@@ -379,3 +379,23 @@ def test_a_rank_folder_held_by_another_live_process_is_not_overwritten(tmp_path)
     dbg2.stop()
     dbg2.step()
     assert (dump / "step0" / "rank0" / "dump.json").exists()
+
+
+def test_device_side_stats_give_the_same_dump(tmp_path, monkeypatch):
+    """The accelerator path (stats as device ops, one readback per step), forced on CPU."""
+    results = {}
+    for mode in ("0", "1"):
+        monkeypatch.setenv("RANKSCOPE_DEVICE_STATS", mode)
+        dbg = PrecisionDebugger(dump_path=str(tmp_path / mode), level="L0")
+        assert dbg.recorder.device_side is (mode == "1")
+        train(1, dbg)
+        dbg.close()
+        results[mode] = load(tmp_path / mode, 0, f"proc{os.getpid()}")["data"]
+    assert set(results["0"]) == set(results["1"])
+    for name in ("Cell.fc2.Dense.forward.0", "Cell.fc1.Dense.backward.0"):
+        host, dev = results["0"][name], results["1"][name]
+        leaf_h = (host.get("output") or host.get("input"))[0]
+        leaf_d = (dev.get("output") or dev.get("input"))[0]
+        for key in ("Max", "Min"):
+            assert leaf_d[key] == pytest.approx(leaf_h[key], rel=1e-6)
+        assert leaf_d["Norm"] == pytest.approx(leaf_h["Norm"], rel=1e-4)

@@ -107,3 +107,20 @@ def test_large_tensors_take_the_one_pass_chunked_path():
     a[299_999] = -np.inf
     st = array_stats(a, "Float32")
     assert (st.nan, st.inf) == (1, 1) and math.isnan(st.max) and math.isnan(st.min)
+
+
+def test_device_side_batch_matches_the_host_path():
+    ms = pytest.importorskip("mindspore")
+    from agent.stats import device_stats_batch, stats_from_device_row
+    rs = np.random.RandomState(7)
+    arrays = [rs.randn(16, 9).astype(np.float32), rs.randn(5).astype(np.float16),
+              np.array([1.0, np.nan, np.inf, -2.0], np.float32)]
+    rows = device_stats_batch([ms.Tensor(a) for a in arrays])  # one host transfer
+    assert rows.shape == (3, 6)
+    for a, row in zip(arrays, rows):
+        dev = stats_from_device_row(row, "Float32", list(a.shape))
+        host = array_stats(a, "Float32")
+        assert (dev.nan, dev.inf, dev.numel) == (host.nan, host.inf, host.numel)
+        if not host.nan:
+            assert dev.max == pytest.approx(host.max) and dev.min == pytest.approx(host.min)
+            assert dev.mean == pytest.approx(host.mean, rel=1e-3) and dev.norm == pytest.approx(host.norm, rel=1e-3)

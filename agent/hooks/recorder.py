@@ -16,6 +16,8 @@ from typing import Any, Callable
 from agent.records import Kind, NameTable, StepBatchBuilder
 from agent.stats import TensorStats, is_tensor, tensor_stats
 
+_DEVICE_FLOATS = frozenset({"Float32", "Float16", "BFloat16", "Float64"})
+
 _SKIP_DIRS = (f"{__package__.split('.')[0]}/hooks/", "/agent/sentinels.py", "/agent/debugger.py",
               "/agent/token_range.py", "/agent/callback.py", "/agent/autoattach.py")
 _MAX_STACK = 40
@@ -59,6 +61,10 @@ class Recorder:
         #: Without one (inference), weights may change within a step (e.g. between
         #: decode iterations), so they are read at once.
         self.params_now: Callable[[], bool] = lambda: True
+        #: On an accelerator, compute stats device-side and read all of a step's scalars
+        #: back in one transfer (agent.stats.device_stats_batch); on CPU, NumPy over the
+        #: zero-copy host view is the device pass.
+        self.device_side = False
 
     # ------------------------------------------------------------------ filters
     def wants(self, name: str) -> bool:
@@ -107,9 +113,10 @@ class Recorder:
     def resolve(self) -> None:
         """Compute every queued tensor's stats, in record order (one pipeline drain)."""
         pending, self._pending = self._pending, []
-        for name, kind, value, crc, entry in pending:
+        on_device = self._device_rows(pending) if self.device_side and pending else {}
+        for idx, (name, kind, value, crc, entry) in enumerate(pending):
             try:
-                st = tensor_stats(value, crc)
+                st = on_device.get(idx) or tensor_stats(value, crc)
                 self.builder.add(name, kind, st.row(), st.nan, st.inf, st.numel, st.crc)
                 if entry is not None:
                     data_name = self._save_tensor(name, value) if self.task == "tensor" else None
@@ -137,6 +144,29 @@ class Recorder:
         if not isinstance(items, (list, tuple)):
             items = (items,)
         return [self.value(f"{prefix}.{i}", kind, v) for i, v in enumerate(items)]
+
+    def _device_rows(self, pending: list[tuple]) -> dict[int, TensorStats]:
+        """Float tensors that need no CRC and no file: stats on the device, one readback."""
+        from agent.stats import device_stats_batch, stats_from_device_row
+        picked, meta = [], []
+        for idx, (_name, _kind, value, crc, entry) in enumerate(pending):
+            if crc or (entry is not None and self.task == "tensor") or not is_tensor(value):
+                continue
+            try:
+                dtype_name, shape = str(value.dtype), list(value.shape)
+            except Exception:  # noqa: BLE001
+                continue
+            if dtype_name in _DEVICE_FLOATS and all(d > 0 for d in shape):  # empty: host path
+                picked.append(idx)
+                meta.append((value, dtype_name, shape))
+        if not picked:
+            return {}
+        try:
+            rows = device_stats_batch([m[0] for m in meta])
+        except Exception as exc:  # noqa: BLE001 - fall back to the host path
+            self.error("device-side stats", exc)
+            return {}
+        return {idx: stats_from_device_row(rows[i], meta[i][1], meta[i][2]) for i, idx in enumerate(picked)}
 
     def _save_tensor(self, name: str, value: Any) -> str | None:
         import numpy as np
