@@ -86,7 +86,8 @@ class ActionPerformer:
             inc = next((i for i in self.core.incidents() if i["incident_id"] == iid), None)
             group = (inc or {}).get("verdict", {}).get("group")
             series = self.core.series.to_dict(group).get(group) if group else None
-            self._submit(_write_report, path.parent, history_from_series(series))
+            rank_map = list(self.core.rank_maps.get(job, []))
+            self._submit(_write_report, path.parent, history_from_series(series), rank_map)
 
     # --- bundles -------------------------------------------------------------------
     def accept_chunk(self, body: dict) -> bool:
@@ -135,8 +136,13 @@ def bundle_complete(rank_dir: Path) -> bool:
     return False
 
 
-def _write_report(d: Path, history: dict | None) -> None:
+def _write_report(d: Path, history: dict | None, rank_map: list) -> None:
     try:
+        # The node agents' rank map (claims -> assigned ids) beside the incident, as a file
+        # of its own for tools that do not read incident.json.
+        tmp = d / ".rank_map.json.tmp"
+        tmp.write_text(json.dumps(rank_map, indent=1))
+        tmp.replace(d / "rank_map.json")
         if history is not None:
             save_history(d, history)
         from coordinator.report.render import render_report

@@ -76,7 +76,7 @@ def test_divergence_pauses_exports_writes_and_resumes(tmp_path):
         for r in range(4):
             assert (d / f"rank_{r}" / "rdr" / "manifest.json").is_file()
         wait_for(lambda: (d / "report.html").is_file())
-        assert (d / "history.json").is_file()
+        assert (d / "history.json").is_file() and (d / "rank_map.json").is_file()
 
         answer = ray.get(h.control.remote("resume", {}))
         assert answer["sent_to_agents"] == 1
@@ -240,6 +240,8 @@ def test_real_node_agent_and_rank_clients_pause_export_and_resume(tmp_path):
         d = Path(inc["dir"])
         assert all((d / f"rank_{r}" / "rdr" / "manifest.json").is_file() for r in range(3))
         assert json.loads((d / "incident.json").read_text())["missing_bundles"] == []
+        rank_map = json.loads(wait_for(lambda: (d / "rank_map.json").is_file() and d / "rank_map.json").read_text())
+        assert sorted(e["assigned_rank"] for e in rank_map) == [0, 1, 2], rank_map  # the node agent's map
     finally:
         for p in procs:
             p.join(10)
