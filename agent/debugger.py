@@ -19,6 +19,7 @@ from agent.dump_writer import DumpWriter
 from agent.hooks.api import ApiHooks
 from agent.hooks.cell import CellHooks
 from agent.hooks.recorder import Recorder
+from agent.rank_claim import claim_rank_label
 from agent.rank_identity import resolve_rank, rank_label
 from agent.records import Kind, StepOutput
 from agent.sentinels import Sentinels
@@ -259,47 +260,14 @@ class PrecisionDebugger:
                 self.recorder.error("renaming the proc folder", exc)
 
     def _claim_label(self, rank: int | None) -> str:
-        """``rank{N}``, unless another live process on this machine already writes
-        ``rank{N}`` under the same dump path (DP inference workers that all say rank 0,
-        with no node agent to remap them): then ``proc{pid}``, so nothing is overwritten.
-        The claim is a small pid file in the temp dir, keyed by the dump path, so the
-        dump layout itself stays exactly msProbe's."""
-        label = rank_label(rank)
-        if rank is None:
-            return label
         try:
-            import hashlib
-            import tempfile
-            key = hashlib.sha1(os.path.abspath(self.config.dump_path).encode()).hexdigest()[:16]
-            claims = os.path.join(tempfile.gettempdir(), "rankscope-claims", key)
-            os.makedirs(claims, exist_ok=True)
-            path = os.path.join(claims, f"{label}.pid")
-            me = str(os.getpid())
-            for _ in range(3):
-                try:
-                    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-                except FileExistsError:
-                    try:
-                        with open(path, encoding="utf-8") as fh:
-                            owner = fh.read().strip()
-                    except OSError:
-                        owner = ""
-                    if owner == me:
-                        return label
-                    if owner.isdigit() and _alive(int(owner)):
-                        log.warning("rankscope: %s is taken by pid %s under %s; dumping as %s",
-                                    label, owner, self.config.dump_path, rank_label(None))
-                        return rank_label(None)
-                    try:
-                        os.unlink(path)  # a stale claim from a finished run
-                    except FileNotFoundError:
-                        pass
-                    continue
-                with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                    fh.write(me)
-                return label
+            label, holder = claim_rank_label(self.config.dump_path, rank)
         except OSError as exc:
             self.recorder.error("claiming the rank folder", exc)
+            return rank_label(rank)
+        if holder is not None:
+            log.warning("rankscope: %s is taken by pid %s under %s; dumping as %s",
+                        rank_label(rank), holder, self.config.dump_path, label)
         return label
 
     def _connect(self, endpoint: str) -> None:
@@ -378,16 +346,6 @@ def _device_side() -> bool:
         return ms.get_context("device_target") not in ("CPU", None)
     except Exception:  # noqa: BLE001
         return False
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _env_int(name: str) -> int | None:

@@ -356,11 +356,9 @@ def test_seed_examples_run_unchanged(tmp_path):
 
 
 def test_a_rank_folder_held_by_another_live_process_is_not_overwritten(tmp_path):
-    import hashlib
-    import tempfile
+    from agent.rank_claim import claims_dir
     dump = tmp_path / "d"
-    key = hashlib.sha1(os.path.abspath(dump).encode()).hexdigest()[:16]
-    claims = Path(tempfile.gettempdir()) / "rankscope-claims" / key
+    claims = Path(claims_dir(dump))
     claims.mkdir(parents=True, exist_ok=True)
     (claims / "rank0.pid").write_text(str(os.getppid()))  # a live process that is not us
     dbg = PrecisionDebugger(dump_path=str(dump), level="L0")
