@@ -60,9 +60,9 @@ def test_clean_run_exits_zero_with_no_incident(tmp_path):
     # ReLU hides this NaN from the loss; AllReduce then spreads it to every rank's
     # reduced gradient. The origin, not a receiver, must be named.
     ("nan_batch:2:3", "nan_origin", 2, 3),
-    ("scale_grad:1:4", "peer_outlier", 1, 4),
-    ("perturb_weight:3:3", "replica_consistency", 3, 3),
-    ("seed:1:0", "replica_consistency", 1, 0),
+    ("scale_grad:1:4", "outlier", 1, 4),
+    ("perturb_weight:3:3", "replica", 3, 3),
+    ("seed:1:0", "replica", 1, 0),
     ("kill:2:3", "progress", 2, 3),
 ])
 def test_injected_fault_is_named(tmp_path, fault, detector, rank, step):
