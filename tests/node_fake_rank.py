@@ -36,6 +36,8 @@ def main() -> int:
     ap.add_argument("--sleep", type=float, default=0.0)
     ap.add_argument("--dump", default=None)
     ap.add_argument("--then", choices=("exit", "hang"), default="exit")
+    ap.add_argument("--burst", action="store_true",
+                    help="build every step first, then emit them back to back (no dump)")
     a = ap.parse_args()
 
     gate = StepGate()
@@ -49,6 +51,17 @@ def main() -> int:
         sinks.append(DumpWriter(a.dump, task="statistics", level="L0"))
     names = NameTable()
     builder = StepBatchBuilder(names)
+    if a.burst:
+        outs = []
+        for step in range(a.steps):
+            for i in range(a.tensors):
+                builder.add(f"Cell.layer{i}.Dense.forward.0", Kind.FORWARD, (1.0, -1.0, 0.5, 2.0), numel=16)
+            outs.append(StepOutput(builder.build(a.job, rank if rank is not None else -1, step), label))
+        for out in outs:
+            client.emit(out)
+        say(event="done", sent_steps=a.steps, dropped=client.dropped)
+        client.close(timeout=30)
+        return 0
     try:
         for step in range(a.steps):
             gate.at_step_boundary(step)

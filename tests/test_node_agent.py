@@ -240,3 +240,25 @@ def test_agent_without_a_coordinator_still_registers_and_writes_bundles(tmp_path
     finally:
         stop(rank)
         stop(proc)
+
+
+def test_rank_exiting_right_after_a_burst_is_finished_not_lost(tmp_path, coord, agent):
+    # The agent sees the pid gone while the rank's last steps and goodbye are still
+    # queued in its socket: that is a normal end, and every step must still be forwarded.
+    _, endpoint = agent
+    ranks = [start_rank(endpoint, "--claim", str(r), "--world-size", "4", "--steps", "300", "--tensors", "256",
+                        "--burst") for r in range(4)]
+    try:
+        for p in ranks:
+            assert p.wait(60) == 0
+        fin = coord.wait_for(lambda m: m.type == protocol.STATUS and m.body["what"] == "finished"
+                             and len([x for x in coord.messages if x.type == protocol.STATUS
+                                      and x.body["what"] == "finished"]) == 4, timeout=60)
+        assert sorted(m.body["detail"]["rank"] for m in fin) == [0, 1, 2, 3]
+        assert [m.body["detail"]["step"] for m in fin] == [299] * 4
+    finally:
+        for p in ranks:
+            stop(p)
+    coord.pump(1.5)
+    assert coord.of_type(protocol.RANK_LOST) == []
+    assert len(coord.of_type(protocol.STEP)) == 1200

@@ -33,6 +33,8 @@ from agent.transport import CurveKeys, bind_router, stop_authenticator
 log = logging.getLogger(__name__)
 
 _BURST = 1024  # frames per socket per turn, so one flood cannot starve the other side
+#: How long a rank whose process is gone may still deliver what it sent before dying.
+_EXIT_GRACE_S = 1.0
 
 
 @dataclass
@@ -78,6 +80,8 @@ class NodeAgent:
             self.uplink = Uplink(self.ctx, settings.coordinator, ident, spool,
                                  curve=settings.coordinator_curve, replay_window_s=settings.replay_window_s)
         self._stop = threading.Event()
+        self._dying: dict[int, tuple[float, object]] = {}  # id(entry) -> (first seen dead, Lost)
+        self._ranks_drained = True  # the last drain emptied the rank socket
 
     # --- lifecycle -------------------------------------------------------------------
     def stop(self) -> None:
@@ -146,10 +150,12 @@ class NodeAgent:
 
     # --- ranks -> agent ---------------------------------------------------------------
     def _drain_ranks(self) -> None:
+        self._ranks_drained = False
         for _ in range(_BURST):
             try:
                 parts = self.router.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
+                self._ranks_drained = True
                 return
             if len(parts) != 2:
                 self.decoder.rejected["bad_multipart"] += 1
@@ -254,11 +260,21 @@ class NodeAgent:
         for lost in self.liveness.check(self.registry.live(), now):
             e = lost.entry
             if lost.reason == "exited":
+                # Its last steps and its goodbye may still be queued in our socket: first
+                # sight only starts a grace period (keeping the exit status read now,
+                # while the kernel still shows it).
+                self._dying.setdefault(id(e), (now, lost))
+            else:
+                self._report_lost(e, None, f"unresponsive: no heartbeat for {self.s.heartbeat_timeout_s:g}s")
+        for key, (since, lost) in list(self._dying.items()):
+            e = lost.entry
+            if e.state is not RankState.LIVE:
+                del self._dying[key]  # it said goodbye after all
+            elif now - since >= _EXIT_GRACE_S and self._ranks_drained:
+                del self._dying[key]
                 self.liveness.forget(e)
                 self.names.retire(e.extra.get("src", ""))
                 self._lose(e, lost.exit_status, "exited")
-            else:
-                self._report_lost(e, None, f"unresponsive: no heartbeat for {self.s.heartbeat_timeout_s:g}s")
 
     def _lose(self, e: RankEntry, exit_status: int | None, reason: str) -> None:
         """The rank is gone: mark it, write its bundle from what this agent saw, tell the coordinator."""
