@@ -111,17 +111,24 @@ def inprocess_baseline(ranks: int, tensors: int, steps: int) -> float:
     from coordinator.logic.core import CoordinatorCore
 
     rng = np.random.default_rng(0)
+    steps = max(2, min(steps, 4096 // ranks + 1))  # bounded work; step 0 (names) is warm-up
     frames = [protocol.encode(protocol.step_message(simulated_batch("base", r, s, tensors, rng), f"rank:{r}", s))
               for s in range(steps) for r in range(ranks)]
     core = CoordinatorCore({})
     for r in range(ranks):
         core.on_register("base", r, {"world_size": ranks})
     decoder = protocol.Decoder(job="base")
-    t0 = time.perf_counter()
-    for i in range(0, len(frames), 1024):
-        core.on_steps([protocol.step_from_message(decoder.decode(f)) for f in frames[i:i + 1024]])
+
+    def feed(chunk: list[bytes]) -> None:
+        core.on_steps([protocol.step_from_message(decoder.decode(f)) for f in chunk])
         core.tick()
-    return len(frames) * tensors / (time.perf_counter() - t0)
+
+    feed(frames[:ranks])
+    timed = frames[ranks:]
+    t0 = time.perf_counter()
+    for i in range(0, len(timed), 1024):
+        feed(timed[i:i + 1024])
+    return len(timed) * tensors / (time.perf_counter() - t0)
 
 
 def run_ingest(ranks: int, tensors: int, steps: int, *, nodes: int | None = None, fault_rank: int | None = None,
@@ -187,7 +194,7 @@ def run_ingest(ranks: int, tensors: int, steps: int, *, nodes: int | None = None
         # Let the incident finish (export times out: simulated ranks send no bundle) so
         # incident.json and report.html land in export_dir.
         ray.get(coord.drain.remote(10.0))
-        base = inprocess_baseline(ranks, tensors, min(steps, 4))
+        base = inprocess_baseline(ranks, tensors, steps)
         out["inprocess_records_per_s"] = round(base, 1)
         out["vs_inprocess"] = round(out["records_per_s"] / base, 3)
         return out
@@ -216,6 +223,28 @@ def _wait(coord: Any, cond, timeout_s: float, must: bool = True, every: float = 
         time.sleep(every)  # status() runs on the ingest thread: poll gently
 
 
+def run_scale(sizes: list[int], tensors: int, min_records: int, log=print) -> list[dict]:
+    """One run per rank count in one Ray; steps chosen so that every run measures at
+    least ``min_records`` records (a short run is all start-up noise)."""
+    import ray
+    started = not ray.is_initialized()
+    if started:
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, namespace="rankscope-bench")
+    try:
+        rows = []
+        for r in sizes:
+            steps = max(20, -(-min_records // (r * tensors)) + 1)
+            rows.append(run_ingest(r, tensors, steps, log=log))
+            o = rows[-1]
+            log(f"  {r:>5} ranks x {tensors} tensors x {steps:>3} steps: {o['records_per_s'] / 1e3:8.0f}k records/s "
+                f"({o['vs_inprocess']:.2f}x in-process decode+core), detection {o['detect_latency_ms']:7.1f} ms, "
+                f"{'right rank' if o['correct'] else 'WRONG'}")
+        return rows
+    finally:
+        if started:
+            ray.shutdown()
+
+
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="rankscope bench", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -227,10 +256,25 @@ def main(argv: list[str]) -> int:
     ing.add_argument("--nodes", type=int, default=None, help="simulated node agents (processes); default min(4, ranks)")
     ing.add_argument("--fault-rank", type=int, default=None)
     ing.add_argument("--export-dir", default=None)
+    ing.add_argument("--scale", default=None, metavar="R1,R2,...",
+                     help="one run per rank count (e.g. 8,64,256,1024), steps sized to --min-records; "
+                          "the last line is JSON with every run")
+    ing.add_argument("--min-records", type=int, default=500_000)
     args = ap.parse_args(argv)
+    say = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731 - progress on stderr, JSON on stdout
+    if args.scale:
+        try:
+            sizes = [int(x) for x in args.scale.split(",") if x.strip()]
+        except ValueError:
+            ap.error(f"--scale {args.scale!r}: expected comma-separated rank counts")
+        if not sizes or min(sizes) < 1:
+            ap.error(f"--scale {args.scale!r}: rank counts must be >= 1")
+        rows = run_scale(sizes, args.tensors, args.min_records, log=say)
+        print(json.dumps({"scale": rows}), flush=True)
+        return 0 if all(r["correct"] for r in rows) else 1
     if args.fault_rank is not None and not 0 <= args.fault_rank < args.ranks:
         ap.error(f"--fault-rank {args.fault_rank} is not in [0, {args.ranks})")
     out = run_ingest(args.ranks, args.tensors, args.steps, nodes=args.nodes, fault_rank=args.fault_rank,
-                     export_dir=args.export_dir, log=lambda m: print(m, file=sys.stderr, flush=True))
+                     export_dir=args.export_dir, log=say)
     print(json.dumps(out), flush=True)
     return 0 if out["correct"] else 1

@@ -175,7 +175,8 @@ class Frontend:
         next_ack = time.monotonic() + self.ack_s
         try:
             while not self._stop.is_set():
-                wait_ms = max(0.0, (next_tick - time.monotonic()) * 1000.0)
+                # At least 1 ms: libzmq takes whole milliseconds, and 0 would spin until the tick.
+                wait_ms = max(1, int((next_tick - time.monotonic()) * 1000.0))
                 if poller.poll(min(wait_ms, self.tick_s * 1000.0)):
                     self._drain()
                 self._run_calls()
