@@ -176,9 +176,12 @@ def step_times(args: argparse.Namespace, tmp: Path) -> dict:
     dead.register(RankClaim.here(0), timeout=0.5)
     modes = {"plain": None, "records_only": None, "agent_down": dead}
     samples: dict[str, list[float]] = {k: [] for k in modes}
-    for _ in range(args.repeats * 3):  # alternate the modes so noise hits all alike
+    # Short blocks, modes interleaved, many rounds: on a shared machine the load drifts
+    # within seconds, so each mode must sample the same moments.
+    block = 10
+    for _ in range(max(1, args.repeats * args.timing_steps // block)):
         for mode, sink in modes.items():
-            samples[mode].append(run(mode, sink, args.timing_steps))
+            samples[mode].append(run(mode, sink, block))
     # The steady state with the agent down: the queue is full and each emit is a counted drop.
     out = StepOutput(b.build("bench", 0, 0), "rank0")
     out.batch.new_names = {}
