@@ -106,3 +106,13 @@ def test_uplink_acks_trim_and_a_drop_rewinds(tmp_path):
         router.close(0)
     finally:
         ctx.destroy(linger=0)
+
+
+def test_second_agent_on_the_same_spool_is_refused(tmp_path):
+    from agent.node.spool import SpoolBusy
+
+    first = SpoolLog(tmp_path)
+    with pytest.raises(SpoolBusy, match="in use by another node agent"):
+        SpoolLog(tmp_path)
+    first.close()
+    SpoolLog(tmp_path).close()  # free again once the first is gone

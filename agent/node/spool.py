@@ -16,6 +16,7 @@ memory so a connected agent rarely reads the disk back.
 from __future__ import annotations
 
 import collections
+import fcntl
 import logging
 import os
 import re
@@ -30,8 +31,8 @@ _SEGMENT = re.compile(r"^seg-(\d{10})\.spool$")
 Pos = tuple[int, int]  # (segment number, byte offset); compares in log order
 
 
-class SpoolFull(RuntimeError):
-    pass
+class SpoolBusy(OSError):
+    """Another live process holds this spool directory."""
 
 
 class SpoolLog:
@@ -41,6 +42,14 @@ class SpoolLog:
             raise ValueError(f"spool max_bytes ({max_bytes}) must be >= segment_bytes ({segment_bytes})")
         self.dir = Path(directory)
         self.dir.mkdir(parents=True, exist_ok=True)
+        # Two agents appending to one spool would interleave records: refuse the second.
+        self._lock_fd = os.open(self.dir / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(self._lock_fd)
+            raise SpoolBusy(f"spool directory {self.dir} is in use by another node agent; "
+                            "give each agent its own --spool") from None
         self.max_bytes = max_bytes
         self.segment_bytes = segment_bytes
         self.cache_bytes = cache_bytes
@@ -163,7 +172,7 @@ class SpoolLog:
             self._cached_bytes -= len(self._cache.pop(pos))
 
     def close(self) -> None:
-        for fd in [self._wfd, *self._rfds.values()]:
+        for fd in [self._wfd, *self._rfds.values(), self._lock_fd]:
             try:
                 os.close(fd)
             except OSError:
