@@ -106,6 +106,34 @@ _AUTHENTICATORS: "weakref.WeakKeyDictionary[zmq.Context, object]" = weakref.Weak
 _AUTH_LOCK = threading.Lock()
 
 
+_AUTH_USERS: "weakref.WeakKeyDictionary[zmq.Context, int]" = weakref.WeakKeyDictionary()
+
+
+class _CurveRouter(zmq.Socket):
+    """A CURVE server socket that stops its context's ZAP thread when the last one closes.
+
+    The ZAP thread keeps sockets open in the context, so ``ctx.term()`` would wait for
+    ever; callers that only ever close their own socket must not have to know that.
+    """
+
+    counted = False  # set once bind_router has counted this socket as a ZAP user
+
+    def close(self, linger: int | None = None) -> None:
+        was_open = not self.closed
+        ctx = self.context
+        super().close(linger)
+        if not (was_open and self.counted):
+            return
+        with _AUTH_LOCK:
+            users = _AUTH_USERS.get(ctx, 0) - 1
+            _AUTH_USERS[ctx] = max(users, 0)
+        if users <= 0:
+            try:
+                stop_authenticator(ctx)
+            except Exception:  # teardown (ctx.destroy) may have closed its sockets already
+                pass
+
+
 def _authenticator(ctx: zmq.Context, allow_dir: str | Path) -> object:
     from zmq.auth.thread import ThreadAuthenticator
 
@@ -157,7 +185,7 @@ def bind_router(ctx: zmq.Context, endpoint: str, curve: CurveKeys | None = None)
         raise TransportError(f"endpoint {endpoint!r} is not loopback/ipc: CURVE keys are required to bind it")
     if curve is not None and curve.allow_dir is None:
         raise TransportError(f"endpoint {endpoint!r}: CurveKeys.allow_dir is required for a CURVE server")
-    sock = ctx.socket(zmq.ROUTER)
+    sock = ctx.socket(zmq.ROUTER, socket_class=_CurveRouter if curve is not None else None)
     try:
         _common_options(sock)
         # A peer that reconnects with its old identity (e.g. after a half-open TCP
@@ -165,6 +193,9 @@ def bind_router(ctx: zmq.Context, endpoint: str, curve: CurveKeys | None = None)
         sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
         if curve is not None:
             _authenticator(ctx, curve.allow_dir)  # type: ignore[arg-type]
+            with _AUTH_LOCK:
+                _AUTH_USERS[ctx] = _AUTH_USERS.get(ctx, 0) + 1
+            sock.counted = True
             sock.curve_secretkey = curve.secret
             sock.curve_publickey = curve.public
             sock.curve_server = True

@@ -169,3 +169,17 @@ def test_revoked_key_is_refused_after_reload(keys):
     finally:
         stop_authenticator(ctx)
         ctx.destroy(linger=0)
+
+
+def test_closing_the_curve_router_lets_the_context_terminate(keys):
+    # The ZAP thread lives in the context; closing the only CURVE router must stop it,
+    # or ctx.term() (what a service does at shutdown) would wait for ever.
+    import threading
+
+    ctx = zmq.Context()
+    router, _ = bind_router(ctx, "tcp://127.0.0.1:0", _server(keys))
+    router.close(0)
+    done = threading.Event()
+    t = threading.Thread(target=lambda: (ctx.term(), done.set()), daemon=True)
+    t.start()
+    assert done.wait(10), "ctx.term() blocked: the ZAP authenticator was left running"
