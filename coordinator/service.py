@@ -215,8 +215,19 @@ class CoordinatorService(Handlers):
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline and self.frontend.call_sync(self._in_flight):
             time.sleep(0.05)
+        self.frontend.call_sync(self._write_now)
         self.actions.flush(timeout_s)
         return self.incidents()
+
+    def _write_now(self) -> None:
+        """Out of time (the job is over): time out what still waits for pauses or bundles,
+        so every incident gets its incident.json with what did arrive."""
+        for d in self.core.incidents():
+            for state, event in (("pausing", "pause_timeout"), ("exporting", "export_timeout")):
+                current = next(i["state"] for i in self.core.incidents() if i["incident_id"] == d["incident_id"])
+                if current == state:
+                    self.core.incident_event(d["incident_id"], event)
+                    self.actions.run()
 
     def _in_flight(self) -> bool:
         return any(d["state"] in ("detected", "pausing", "exporting") for d in self.core.incidents())

@@ -250,3 +250,23 @@ def test_real_node_agent_and_rank_clients_pause_export_and_resume(tmp_path):
         agent.terminate()
         agent.wait(10)
         _stop(h)
+
+
+def test_drain_out_of_time_still_writes_the_incident(tmp_path):
+    """The job ended while the incident waited for pauses that will never come: drain's
+    deadline times the incident out and incident.json is written with what arrived."""
+    cluster = {"on_divergence": "pause", "pause_timeout_s": 600, "export_timeout_s": 600}
+    h = start_coordinator(str(tmp_path), cluster, name="drain-late", namespace=NS, job="jobF")
+    agent = SimAgent(ray.get(h.endpoint.remote()), "jobF")
+    try:
+        for r in range(2):
+            agent.register(r, world_size=2)
+        _run_steps(agent, 2, range(2), fault=(1, 0))
+        agent.expect_control("pause")  # nobody answers it
+        incs = ray.get(h.drain.remote(1.0))
+        assert [(i["first_diverging_rank"], i["state"]) for i in incs] == [(1, "written")]
+        doc = json.loads((tmp_path / "incidents" / incs[0]["incident_id"] / "incident.json").read_text())
+        assert doc["missing_bundles"] == [0, 1] and doc["first_diverging_rank"] == 1
+    finally:
+        agent.close()
+        _stop(h)
