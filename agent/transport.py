@@ -251,6 +251,10 @@ def _dealer(ctx: zmq.Context, endpoint: str, identity: bytes, curve: CurveKeys |
         sock.setsockopt(zmq.IMMEDIATE, 1)
         sock.setsockopt(zmq.RECONNECT_IVL, 100)
         sock.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
+        # ZMTP pings: a peer that vanished without closing TCP (host down, partition) is
+        # noticed within seconds, so a spool rewinds before it counts frames as delivered.
+        sock.setsockopt(zmq.HEARTBEAT_IVL, 1000)
+        sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 3000)
         if curve is not None:
             sock.curve_secretkey = curve.secret
             sock.curve_publickey = curve.public

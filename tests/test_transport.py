@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
 import zmq
@@ -110,3 +111,41 @@ def test_connection_watch_sees_drop_and_return(tmp_path):
         watch.close()
     finally:
         ctx.destroy(linger=0)  # closes whatever a failed assertion left open
+
+
+def test_a_frozen_peer_is_noticed_by_zmtp_heartbeats(tmp_path):
+    # SIGSTOP keeps the peer's TCP connection open but silent (like a host that dropped
+    # off the network); the DEALER must still see the link go down.
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    child = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time, zmq; sys.path.insert(0, sys.argv[1])\n"
+        "from agent.transport import bind_router\n"
+        "ctx = zmq.Context(); s, ep = bind_router(ctx, 'tcp://127.0.0.1:0'); print(ep, flush=True)\n"
+        "time.sleep(120)\n"), str(Path(__file__).resolve().parent.parent)],
+        stdout=subprocess.PIPE, text=True)
+    ctx = zmq.Context()
+    try:
+        ep = child.stdout.readline().strip()
+        dealer, watch = connect_watched_dealer(ctx, ep, b"d")
+        states = []
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and True not in states:
+            states += watch.changes()
+            time.sleep(0.05)
+        os.kill(child.pid, signal.SIGSTOP)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and states[-1:] != [False]:
+            states += watch.changes()
+            time.sleep(0.05)
+        assert states[:1] == [True] and states[-1:] == [False], states
+        watch.close()
+        dealer.close(0)
+    finally:
+        os.kill(child.pid, signal.SIGCONT)
+        child.kill()
+        child.wait(10)
+        ctx.destroy(linger=0)

@@ -132,8 +132,8 @@ class Uplink:
 
     def confirm(self) -> None:
         """Trim confirmed frames from the spool (acked, or old enough on a live link)."""
-        if not self._inflight:
-            return
+        if not self._inflight or not self.connected:
+            return  # age counts only on a link that stayed up
         now = self._clock()
         upto: Pos | None = None
         while self._inflight:
