@@ -54,6 +54,10 @@ def settings_from_args(args: argparse.Namespace):
     for name in ("spool_max_mb", "flight_recorder_steps"):
         if getattr(args, name) < 1:
             raise SystemExit(f"rankscope agent: --{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if not args.listen.startswith(("ipc://", "tcp://")):
+        raise SystemExit(f"rankscope agent: --listen {args.listen!r} must be ipc://PATH or tcp://HOST:PORT")
+    if args.coordinator and "://" not in args.coordinator:
+        args.coordinator = f"tcp://{args.coordinator}"  # HOST:PORT is what people type
     coord_curve = listen_curve = None
     if args.coordinator and not is_local(args.coordinator):
         if not (args.curve_secret and args.coordinator_key):

@@ -183,3 +183,16 @@ def test_closing_the_curve_router_lets_the_context_terminate(keys):
     t = threading.Thread(target=lambda: (ctx.term(), done.set()), daemon=True)
     t.start()
     assert done.wait(10), "ctx.term() blocked: the ZAP authenticator was left running"
+
+
+def test_agent_cli_accepts_host_port_and_names_a_bad_listen_endpoint(tmp_path):
+    from agent import daemon_cli
+
+    s = daemon_cli.settings_from_args(daemon_cli.build_parser().parse_args(
+        ["--listen", f"ipc://{tmp_path}/a.sock", "--coordinator", "127.0.0.1:7000"]))
+    assert s.coordinator == "tcp://127.0.0.1:7000"
+    with pytest.raises(SystemExit, match="must be ipc://PATH or tcp://HOST:PORT"):
+        daemon_cli.main(["--listen", "bogus://x", "--spool", str(tmp_path / "s")])
+    # A listen endpoint that cannot be bound: exit status 2 and a message, no traceback.
+    assert daemon_cli.main(["--listen", f"ipc://{tmp_path}/no/such/dir/a.sock", "--spool", str(tmp_path / "s"),
+                            "--bundle-dir", str(tmp_path / "b")]) == 2
