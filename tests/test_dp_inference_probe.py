@@ -96,3 +96,52 @@ def test_without_agent_or_rank_id_clashing_workers_lose_no_dump(tmp_path):
     dumps = sorted((tmp_path / "dump" / "step0").glob("*/dump.json"))
     entries = sum(len(json.loads(p.read_text())["data"]) for p in dumps)
     assert entries == 2 * CELLS, f"{[str(p) for p in dumps]}: {entries} entries, expected {2 * CELLS}"
+
+
+@pytest.fixture()
+def node_agent(tmp_path):
+    """A real node agent (no coordinator: it answers registrations and keeps the rank map)."""
+    sock = tmp_path / "agent.sock"
+    log = open(tmp_path / "agent.log", "wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "coordinator.cli", "agent", "--listen", f"ipc://{sock}", "--job", "dp-remap",
+         "--spool", str(tmp_path / "spool"), "--bundle-dir", str(tmp_path / "bundles")],
+        cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        import time
+        deadline = time.monotonic() + 60
+        while not sock.exists():
+            assert proc.poll() is None, "the node agent exited"
+            assert time.monotonic() < deadline, "the node agent did not listen within 60 s"
+            time.sleep(0.05)
+        yield f"ipc://{sock}", tmp_path / "bundles"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+
+
+def test_node_agent_remaps_rank0_workers_to_distinct_dump_folders(tmp_path, node_agent):
+    """Three workers, all rank 0, no rank_id, one node agent: three rankN folders (the
+    assigned ids, not proc{pid} fallbacks) and a rank map naming every pid."""
+    endpoint, bundles = node_agent
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RANKSCOPE_") and k != "INFER_FAULT"}
+    env.update(RANKSCOPE_AGENT=endpoint, RANKSCOPE_JOB="dp-remap")
+    proc = subprocess.run(
+        [sys.executable, str(EXAMPLE / "serve.py"), "--workers", str(WORKERS), "--tokens", "2",
+         "--debugger", "--token-range", "1", "1", "--dump-path", str(tmp_path / "dump"),
+         "--out", str(tmp_path / "results")],
+        env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rank_map = json.loads((bundles / "dp-remap" / "rank_map.json").read_text())["entries"]
+    folders = sorted(p.name for p in (tmp_path / "dump" / "step0").iterdir())
+    assert folders == [f"rank{i}" for i in range(WORKERS)], (
+        folders, [(r["pid"], r["assigned_rank"]) for r in rank_map], (tmp_path / "agent.log").read_text()[-3000:])
+    pids = {json.loads((tmp_path / "results" / f"worker{i}.json").read_text())["pid"] for i in range(WORKERS)}
+    assert {r["pid"] for r in rank_map} == pids
+    assert sorted(r["assigned_rank"] for r in rank_map) == list(range(WORKERS))
+    assert all(r["claimed_rank"] == 0 for r in rank_map)
