@@ -48,9 +48,10 @@ def build():
     return net, opt, grad_fn
 
 
-def run_mode(mode: str, steps: int, dump_root: str, data) -> tuple[list[float], list[float]]:
-    """(wall seconds, process CPU seconds) per step. CPU time counts every thread of the
-    process (MindSpore's backend threads too) and is far less disturbed by other load."""
+def run_mode(mode: str, steps: int, dump_root: str, data) -> tuple[list[float], list[float], list[float]]:
+    """(wall, process CPU, training-thread CPU) seconds per step. CPU times are far less
+    disturbed by other load than wall time; the process figure counts MindSpore's backend
+    threads too, the thread figure only the Python thread where every hook runs."""
     from agent import PrecisionDebugger
     x, y = data
     dbg = None
@@ -58,9 +59,9 @@ def run_mode(mode: str, steps: int, dump_root: str, data) -> tuple[list[float], 
         level = "L0" if mode == "sentinels" else mode
         dbg = PrecisionDebugger(dump_path=os.path.join(dump_root, mode), level=level, task="statistics")
     net, opt, grad_fn = build()
-    times, cpu = [], []
+    times, cpu, thread = [], [], []
     for i in range(steps + 3):
-        t0, c0 = time.perf_counter(), time.process_time()
+        t0, c0, h0 = time.perf_counter(), time.process_time(), time.thread_time()
         if dbg is not None:
             dbg.start(net if mode != "sentinels" else None)
         loss, grads = grad_fn(x, y)
@@ -72,9 +73,10 @@ def run_mode(mode: str, steps: int, dump_root: str, data) -> tuple[list[float], 
         if i >= 3:  # warm-up: first calls compile kernels
             times.append(time.perf_counter() - t0)
             cpu.append(time.process_time() - c0)
+            thread.append(time.thread_time() - h0)
     if dbg is not None:
         dbg.close()
-    return times, cpu
+    return times, cpu, thread
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -94,24 +96,28 @@ def main(argv: list[str] | None = None) -> int:
         modes.insert(0, "plain")
     samples: dict[str, list[float]] = {m: [] for m in modes}
     cpu: dict[str, list[float]] = {m: [] for m in modes}
+    thr: dict[str, list[float]] = {m: [] for m in modes}
     root = tempfile.mkdtemp(prefix="rankscope-bench-")
     try:
         for _ in range(args.rounds):
             for m in modes:
-                wall, cpus = run_mode(m, args.steps, root, data)
+                wall, cpus, threads = run_mode(m, args.steps, root, data)
                 samples[m] += wall
                 cpu[m] += cpus
+                thr[m] += threads
     finally:
         shutil.rmtree(root, ignore_errors=True)
     base = statistics.median(samples["plain"])
-    cbase = statistics.median(cpu["plain"])
-    result = {"plain_ms": round(base * 1e3, 3), "plain_cpu_ms": round(cbase * 1e3, 3)}
+    cbase, tbase = statistics.median(cpu["plain"]), statistics.median(thr["plain"])
+    result = {"plain_ms": round(base * 1e3, 3), "plain_cpu_ms": round(cbase * 1e3, 3),
+              "plain_thread_ms": round(tbase * 1e3, 3)}
     for m in modes:
-        med, cmed = statistics.median(samples[m]), statistics.median(cpu[m])
-        print(f"{m:10s} wall {med * 1e3:8.2f} ms  ratio {med / base:5.2f}x   "
-              f"cpu {cmed * 1e3:8.2f} ms  ratio {cmed / cbase:5.2f}x  (n={len(samples[m])})")
+        med, cmed, tmed = (statistics.median(x[m]) for x in (samples, cpu, thr))
+        print(f"{m:10s} wall {med * 1e3:7.2f} ms {med / base:5.2f}x | process cpu {cmed * 1e3:7.2f} ms "
+              f"{cmed / cbase:5.2f}x | thread cpu {tmed * 1e3:7.2f} ms {tmed / tbase:5.2f}x  (n={len(samples[m])})")
         result[f"{m}_ratio"] = round(med / base, 3)
         result[f"{m}_cpu_ratio"] = round(cmed / cbase, 3)
+        result[f"{m}_thread_ratio"] = round(tmed / tbase, 3)
     print(json.dumps(result))
     return 0
 

@@ -28,6 +28,7 @@ class CellHooks:
         self._pgrad_count: dict[str, int] = {}
         self._pgrad_seen: dict[str, set[str]] = {}
         self._active: list[str] = []  # forward names of cells currently running (construct)
+        self._root_depth = 0
         self.attached: set[int] = set()
 
     # ------------------------------------------------------------------ attach
@@ -38,11 +39,28 @@ class CellHooks:
             if id(root) in self.attached:
                 continue
             self.attached.add(id(root))
+            self._handles.append(root.register_forward_pre_hook(self._root_pre))
+            self._handles.append(root.register_forward_hook(self._root_post, always_call=True))
             for path, cell in root.cells_and_names():
                 if not path:
                     continue  # the input layer itself is not dumped
                 prefix = f"Cell.{index}.{path}" if multi else f"Cell.{path}"
                 self._attach_cell(f"{prefix}.{type(cell).__name__}", cell)
+
+    def _root_pre(self, cell: Any, args: tuple) -> None:
+        self._root_depth += 1
+        if self._root_depth == 1 and self.rec.dumping and self.rec.queued_hooks is None:
+            self.rec.queued_hooks = []
+        return None
+
+    def _root_post(self, cell: Any, args: tuple, output: Any) -> None:
+        self._root_depth = max(0, self._root_depth - 1)
+        if self._root_depth == 0 and self.rec.queued_hooks is not None:
+            try:
+                self.rec.register_queued_hooks()  # before backward starts
+            except Exception as exc:  # noqa: BLE001
+                self.rec.error("registering grad hooks", exc)
+        return None
 
     def _attach_cell(self, prefix: str, cell: Any) -> None:
         self._handles.append(cell.register_forward_pre_hook(self._pre_hook(prefix)))
@@ -65,6 +83,8 @@ class CellHooks:
         self._pgrad_count.clear()
         self._pgrad_seen.clear()
         self._active.clear()
+        self._root_depth = 0
+        self.rec.queued_hooks = None
 
     # ------------------------------------------------------------------ hooks
     def _pre_hook(self, prefix: str):

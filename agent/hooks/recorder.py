@@ -65,6 +65,10 @@ class Recorder:
         #: back in one transfer (agent.stats.device_stats_batch); on CPU, NumPy over the
         #: zero-copy host view is the device pass.
         self.device_side = False
+        #: While a hooked root model's forward runs, grad-hook registrations are queued
+        #: here and done at the end of that forward: registering a hook on a tensor still
+        #: being computed waits for MindSpore's pipeline, so one batch = one wait.
+        self.queued_hooks: list[tuple[Any, Any]] | None = None
 
     # ------------------------------------------------------------------ filters
     def wants(self, name: str) -> bool:
@@ -218,10 +222,22 @@ class Recorder:
                 reg = getattr(t, "register_hook", None)
                 if reg is None or getattr(t, "asnumpy", None) is None:
                     continue
+                hook = self._grad_hook(bname, bparent, io, i, len(tensors))
+                if self.queued_hooks is not None:
+                    self.queued_hooks.append((reg, hook))
+                    continue
                 try:
-                    reg(self._grad_hook(bname, bparent, io, i, len(tensors)))
+                    reg(hook)
                 except Exception:  # noqa: BLE001 - a tensor outside autograd: nothing to record
                     pass
+
+    def register_queued_hooks(self) -> None:
+        queued, self.queued_hooks = self.queued_hooks or [], None
+        for reg, hook in queued:
+            try:
+                reg(hook)
+            except Exception:  # noqa: BLE001 - a tensor outside autograd: nothing to record
+                pass
 
     def _grad_hook(self, bname: str, bparent: str | None, io: str, i: int, n: int):
         r = self
