@@ -89,6 +89,7 @@ class RankRegistry:
         self.settle_s = settle_s
         self._clock = clock
         self._entries: dict[tuple[str, str, int], RankEntry] = {}
+        self._by_identity: dict[bytes, RankEntry] = {}  # looked up for every frame
         self._ever_assigned: dict[str, set[int]] = {}
         self._pending_since: dict[str, float] = {}
 
@@ -99,13 +100,16 @@ class RankRegistry:
         key = (job, info["host"], int(info["pid"]))
         entry = self._entries.get(key)
         if entry is not None and entry.state in (RankState.PENDING, RankState.LIVE):
+            self._by_identity.pop(entry.identity, None)
             entry.identity = identity
+            self._by_identity[identity] = entry
             return entry
         entry = RankEntry(job=job, host=info["host"], pid=int(info["pid"]),
                           claimed_rank=info.get("claimed_rank"), identity=identity,
                           registered_at=self._clock(), prefer=info.get("assigned_rank"),
                           **{k: info[k] for k in _INFO_FIELDS if info.get(k) is not None})
         self._entries[key] = entry
+        self._by_identity[identity] = entry
         self._pending_since.setdefault(job, entry.registered_at)
         return entry
 
@@ -181,10 +185,8 @@ class RankRegistry:
         return [e for e in self._entries.values() if e.state is RankState.LIVE]
 
     def by_identity(self, identity: bytes) -> RankEntry | None:
-        for e in self._entries.values():
-            if e.identity == identity and e.state in (RankState.PENDING, RankState.LIVE):
-                return e
-        return None
+        e = self._by_identity.get(identity)
+        return e if e is not None and e.state in (RankState.PENDING, RankState.LIVE) else None
 
     def by_rank(self, job: str, rank: int) -> list[RankEntry]:
         """Every entry (live or not) that was assigned ``rank`` in ``job``, newest last."""
