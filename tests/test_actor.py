@@ -169,7 +169,7 @@ def test_start_joins_a_running_coordinator_and_bad_settings_name_the_field(tmp_p
 
 
 def _rank_process(endpoint: str, job: str, claimed: int, steps: int, fault_step: int, bundle_root: str,
-                  results) -> None:
+                  results, start) -> None:
     """A rank as the probe runs it: AgentClient + StepGate, a NaN local gradient on rank 1."""
     from agent.client import AgentClient, RankClaim
     from agent.control import GateState, StepGate
@@ -182,6 +182,9 @@ def _rank_process(endpoint: str, job: str, claimed: int, steps: int, fault_step:
                          on_export=lambda incident: [write_bundle(bundle_root, rank, reason=f"export {incident}",
                                                                   steps=[])])
     rank = client.register(RankClaim.here(claimed, world_size=3), timeout=20)
+    # Like a collective job: nobody trains ahead while a slow process is still starting
+    # (else the progress detector rightly reports the late starter first).
+    start.wait(60)
     names = NameTable()
     builder = StepBatchBuilder(names)
     # Train on until the coordinator has paused and resumed this rank (however slow a
@@ -225,9 +228,9 @@ def test_real_node_agent_and_rank_clients_pause_export_and_resume(tmp_path):
         wait_for(lambda: sock.exists() or agent.poll() is not None)
         assert agent.poll() is None, agent.stderr.read().decode()[-2000:]
         ctx = mp.get_context("spawn")
-        results = ctx.Queue()
+        results, start = ctx.Queue(), ctx.Barrier(3)
         procs = [ctx.Process(target=_rank_process, args=(f"ipc://{sock}", job, r, 1200, 3,
-                                                         str(tmp_path / "rank_bundles"), results))
+                                                         str(tmp_path / "rank_bundles"), results, start))
                  for r in range(3)]
         for p in procs:
             p.start()
