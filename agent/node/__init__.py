@@ -12,6 +12,8 @@ One job per module:
   monitor events, resend-after-reconnect, spool when cut off.
 - :mod:`agent.node.bundles`: per-rank flight recorders and bundles written on a dead
   rank's behalf.
+- :mod:`agent.node.names`: every rank's name table, re-sent to a coordinator that lost it.
+- :mod:`agent.node.relay`: which ranks a control command reaches; what late joiners hear.
 - :mod:`agent.node.daemon`: the loop that wires them together (``NodeAgent``).
 
 Nothing is imported here: ``rankscope agent`` loads only what it runs.
