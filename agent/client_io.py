@@ -159,7 +159,7 @@ class ClientIO:
         now = time.monotonic()
         snapshot = (state, step if blocked is not None else None)
         if snapshot != self.last_gate:
-            if self.last_gate is not None and (state == "paused" or self.last_gate[0] == "paused"):
+            if self.last_gate is not None and (state in ("paused", "terminated") or self.last_gate[0] == "paused"):
                 what = "paused" if state == "paused" else ("resumed" if state in ("running", "stepping") else state)
                 self.send(protocol.STATUS, {"what": what, "detail": {"rank": c.rank, "step": step}})
             self.last_gate = snapshot

@@ -36,11 +36,12 @@ def main() -> int:
     ap.add_argument("--sleep", type=float, default=0.0)
     ap.add_argument("--dump", default=None)
     ap.add_argument("--then", choices=("exit", "hang"), default="exit")
+    ap.add_argument("--exit-on-terminate", action="store_true")
     ap.add_argument("--burst", action="store_true",
                     help="build every step first, then emit them back to back (no dump)")
     a = ap.parse_args()
 
-    gate = StepGate()
+    gate = StepGate(exit_on_terminate=a.exit_on_terminate)
     client = AgentClient(a.endpoint, a.job, gate, queue_max=4096)
     claim = RankClaim.here(a.claim, world_size=a.world_size, dp_index=a.dp_index)
     rank = client.register(claim, timeout=10.0)

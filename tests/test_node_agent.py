@@ -262,3 +262,28 @@ def test_rank_exiting_right_after_a_burst_is_finished_not_lost(tmp_path, coord, 
     coord.pump(1.5)
     assert coord.of_type(protocol.RANK_LOST) == []
     assert len(coord.of_type(protocol.STEP)) == 1200
+
+
+def test_rank_that_exits_on_terminate_is_not_a_loss(tmp_path, coord, agent):
+    _, endpoint = agent
+    rank = start_rank(endpoint, "--claim", "0", "--world-size", "1", "--steps", "1000", "--sleep", "0.01",
+                      "--exit-on-terminate")
+    try:
+        wait_event(rank, "registered")
+        coord.wait_for(lambda m: m.type == protocol.STEP and m.body["step"] >= 2)
+        coord.control("terminate", incident="inc-t")
+        assert rank.wait(30) == 86  # StepGate's exit code: os._exit, no atexit, no goodbye
+        coord.wait_for(lambda m: m.type == protocol.STATUS and m.body["what"] == "terminated")
+        map_file = tmp_path / "bundles" / "j" / "rank_map.json"
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            rows = json.loads(map_file.read_text())["entries"]
+            if rows[0]["state"] != "live":
+                break
+            time.sleep(0.1)
+        assert rows[0]["state"] == "finished"
+    finally:
+        stop(rank)
+    coord.pump(0.5)
+    assert coord.of_type(protocol.RANK_LOST) == []
+    assert not (tmp_path / "bundles" / "j" / "rank_0").exists()

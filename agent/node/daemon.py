@@ -181,6 +181,7 @@ class NodeAgent:
         elif msg.type == protocol.HEARTBEAT:
             if entry is not None:
                 entry.extra["src"] = key[0]
+                entry.extra["state"] = msg.body["state"]
                 if self.liveness.heartbeat(entry):
                     self._up_own(protocol.STATUS, entry.job, {"what": "rank_back", "detail": {
                         "rank": entry.assigned_rank, "pid": entry.pid}})
@@ -221,6 +222,8 @@ class NodeAgent:
             self._export_on_behalf(entry, transfer, f"export requested; the rank had no bundle "
                                                     f"({detail.get('error') or 'no RDR recorder'})")
         else:
+            if entry is not None and what == "terminated":
+                entry.extra["state"] = "terminated"  # its exit that follows is not a loss
             self._up(frame, key)
 
     def _answer(self, entry: RankEntry, forward: bool = True) -> None:
@@ -274,7 +277,14 @@ class NodeAgent:
                 del self._dying[key]
                 self.liveness.forget(e)
                 self.names.retire(e.extra.get("src", ""))
-                self._lose(e, lost.exit_status, "exited")
+                if e.extra.get("state") == "terminated":
+                    # The coordinator terminated it and it exited (on_terminate=exit): done.
+                    e.exit_status = lost.exit_status
+                    self.registry.finish(e)
+                    self.bundles.forget(e)
+                    self._publish_map(e.job)
+                else:
+                    self._lose(e, lost.exit_status, "exited")
 
     def _lose(self, e: RankEntry, exit_status: int | None, reason: str) -> None:
         """The rank is gone: mark it, write its bundle from what this agent saw, tell the coordinator."""
