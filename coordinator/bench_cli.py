@@ -62,8 +62,14 @@ def simulated_batch(job: str, rank: int, step: int, tensors: int, rng: np.random
                      if step == 0 else {}, wall_time=0.0)
 
 
+#: Sender processes meet at a barrier every this many steps: like a real DP job (whose
+#: allreduce keeps ranks in step) and unlike free-running load generators, which drift
+#: apart until the progress detector (rightly) reports the slower half as lagging.
+SYNC_EVERY = 4
+
+
 def _sender(node: int, ranks: list[int], args: dict, endpoint: str, ready: Any, go1: Any, go2: Any,
-            results: Any) -> None:
+            results: Any, sync: Any) -> None:
     import zmq
     from agent.transport import connect_dealer
 
@@ -77,8 +83,8 @@ def _sender(node: int, ranks: list[int], args: dict, endpoint: str, ready: Any, 
     register = [frame(protocol.Message(protocol.REGISTER, job, f"rank:{r}", seqs[r](), {
         "host": f"simnode{node}", "pid": 100000 + r, "claimed_rank": r, "world_size": args["ranks"]}))
         for r in ranks]
-    phase1 = [frame(protocol.step_message(simulated_batch(job, r, s, tensors, rng), f"rank:{r}", seqs[r]()))
-              for s in range(steps - 1) for r in ranks]
+    phase1 = [[frame(protocol.step_message(simulated_batch(job, r, s, tensors, rng), f"rank:{r}", seqs[r]()))
+               for r in ranks] for s in range(steps - 1)]
     last = steps - 1
     phase2 = [frame(protocol.step_message(simulated_batch(job, r, last, tensors, rng, fault=(r == args["fault_rank"])),
                                           f"rank:{r}", seqs[r]())) for r in ranks]
@@ -90,8 +96,11 @@ def _sender(node: int, ranks: list[int], args: dict, endpoint: str, ready: Any, 
     ready.set()
     go1.wait()
     t0 = time.time()
-    for f in phase1:
-        sock.send(f)
+    for s, step_frames in enumerate(phase1):
+        for f in step_frames:
+            sock.send(f)
+        if s % SYNC_EVERY == SYNC_EVERY - 1:
+            sync.wait()
     t1 = time.time()
     go2.wait()
     for f in phase2:
@@ -154,10 +163,10 @@ def run_ingest(ranks: int, tensors: int, steps: int, *, nodes: int | None = None
         endpoint = ray.get(coord.endpoint.remote())
         spawn = mp.get_context("spawn")
         ready = [spawn.Event() for _ in range(nodes)]
-        go1, go2, results = spawn.Event(), spawn.Event(), spawn.Queue()
+        go1, go2, results, sync = spawn.Event(), spawn.Event(), spawn.Queue(), spawn.Barrier(nodes)
         share = [list(range(ranks))[i::nodes] for i in range(nodes)]
         args = {"job": job, "tensors": tensors, "steps": steps, "ranks": ranks, "fault_rank": fault_rank}
-        procs = [spawn.Process(target=_sender, args=(i, share[i], args, endpoint, ready[i], go1, go2, results),
+        procs = [spawn.Process(target=_sender, args=(i, share[i], args, endpoint, ready[i], go1, go2, results, sync),
                                daemon=True) for i in range(nodes)]
         for p in procs:
             p.start()
