@@ -182,7 +182,9 @@ class AgentClient:
                 # Do not sleep in poll while steps are waiting and the socket takes them;
                 # when it does not (high-water mark), back off instead of spinning.
                 busy = progressed and (self._q or io.pending_out is not None or not self._outbox.empty())
-                if sock.poll(0 if busy else (5 if progressed is not None else 20), zmq.POLLIN):
+                # Disconnected, wake rarely: a rank with no agent should not pay for one.
+                idle_ms = 20 if watch.connected else 100
+                if sock.poll(0 if busy else (5 if progressed else idle_ms), zmq.POLLIN):
                     io.receive()
                 progressed = io.pump() > 0 if watch.connected else None
             if watch.connected:
