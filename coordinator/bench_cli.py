@@ -62,9 +62,8 @@ def simulated_batch(job: str, rank: int, step: int, tensors: int, rng: np.random
                      if step == 0 else {}, wall_time=0.0)
 
 
-#: Sender processes meet at a barrier every this many steps: like a real DP job (whose
-#: allreduce keeps ranks in step) and unlike free-running load generators, which drift
-#: apart until the progress detector (rightly) reports the slower half as lagging.
+#: Sender processes meet at a barrier every this many steps, like a real DP job whose
+#: allreduce keeps ranks in step (free-running load generators drift apart by hundreds).
 SYNC_EVERY = 4
 
 
@@ -157,7 +156,11 @@ def run_ingest(ranks: int, tensors: int, steps: int, *, nodes: int | None = None
     started_ray = not ray.is_initialized()
     if started_ray:
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, namespace="rankscope-bench")
-    cluster = {"on_divergence": "continue", "export_timeout_s": 1.0, "deadline_s": 60.0}
+    # The lag check is off here: phase 1 blasts frames as fast as sockets take them, so
+    # one sender's frames can sit in buffers while the other's arrive (arrival skew of a
+    # load generator, not a rank lagging). Deadlines and the other detectors stay on.
+    cluster = {"on_divergence": "continue", "export_timeout_s": 1.0, "deadline_s": 60.0,
+               "detectors": {"progress": {"lag_steps": None}}}
     coord = start_coordinator(export_dir, cluster, name=job, namespace="rankscope-bench", job=job)
     try:
         endpoint = ray.get(coord.endpoint.remote())
