@@ -19,7 +19,7 @@ from agent.dump_writer import DumpWriter
 from agent.hooks.api import ApiHooks
 from agent.hooks.cell import CellHooks
 from agent.hooks.recorder import Recorder
-from agent.rank_claim import claim_rank_label
+from agent.rank_claim import claim_rank_label, release_rank_label
 from agent.rank_identity import resolve_rank, rank_label
 from agent.records import Kind, StepOutput
 from agent.sentinels import Sentinels
@@ -95,10 +95,8 @@ class PrecisionDebugger:
         cfg = self.config
         if not self.sentinels.enabled:
             self._guard("attaching sentinels", self.sentinels.attach)
-        if model is not None and cfg.level in ("L0", "mix"):
-            self._guard("attaching cell hooks", lambda: self.cells.attach(model))
-        if cfg.level in ("L1", "mix") and not self.apis.active:
-            self._guard("wrapping APIs", lambda: self.apis.attach(primitives=model is not None))
+        # token hooks first: the root's pre-hook that opens a token must run before the
+        # L0 root hook that decides whether this forward's grad hooks are batched
         if tr is not None:
             if self._token_hooks is None:
                 root = model[0] if isinstance(model, (list, tuple)) else model
@@ -106,6 +104,10 @@ class PrecisionDebugger:
                 self._token_hooks = TokenRangeHooks(root, self._token)
             else:  # msProbe counts tokens from 0 again at every start()
                 self._token.reset(tr[0], tr[1])
+        if model is not None and cfg.level in ("L0", "mix"):
+            self._guard("attaching cell hooks", lambda: self.cells.attach(model))
+        if cfg.level in ("L1", "mix") and not self.apis.active:
+            self._guard("wrapping APIs", lambda: self.apis.attach(primitives=model is not None))
         self._started = True
         self._update_dumping()
 
@@ -191,6 +193,11 @@ class PrecisionDebugger:
                 sink.close()
             except Exception:  # noqa: BLE001
                 pass
+        if self._label.startswith("rank"):
+            try:
+                release_rank_label(self.config.dump_path, self._label)
+            except OSError:
+                pass
         if PrecisionDebugger.current is self:
             PrecisionDebugger.current = None
 
@@ -239,15 +246,18 @@ class PrecisionDebugger:
     def _identify(self, rank_id: int | None) -> None:
         self._identified = True
         rank, self.rank_source = resolve_rank(rank_id)
-        self._set_rank(rank)
+        self.rank = rank  # what we claim to the node agent; the folder waits for its answer
         endpoint = self.config.cluster.agent or os.environ.get("RANKSCOPE_AGENT")
         if endpoint and self.client is None:
             self._guard("connecting to the node agent", lambda: self._connect(endpoint))
+        self._set_rank(self.rank)
 
     def _set_rank(self, rank: int | None) -> None:
         old = self._label
         self.rank = rank
         self._label = self._claim_label(rank)
+        if old != self._label and old.startswith("rank"):
+            release_rank_label(self.config.dump_path, old)
         if rank is not None and getattr(self, "rdr", None) is not None:
             try:
                 self.rdr.set_rank(rank)
@@ -282,8 +292,8 @@ class PrecisionDebugger:
                           dp_index=self.config.cluster.dp_index, device_id=_env_int("DEVICE_ID"),
                           local_rank=_env_int("LOCAL_RANK"), label=self._label)
         assigned = client.register(claim, timeout=2.0)
-        if assigned is not None and assigned != self.rank:
-            self._set_rank(assigned)
+        if assigned is not None:
+            self.rank = assigned  # the node agent's (possibly remapped) id
         self.client = client
         self.sinks.append(client)
 

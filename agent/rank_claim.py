@@ -50,6 +50,17 @@ def claim_rank_label(dump_path: str | os.PathLike, rank: int | None,
     return label, None  # lost three races in a row: keep the rank name rather than stall
 
 
+def release_rank_label(dump_path: str | os.PathLike, label: str, pid: int | None = None) -> None:
+    """Drop our claim on ``label`` (the rank changed, e.g. the node agent remapped it)."""
+    pid = os.getpid() if pid is None else pid
+    path = os.path.join(claims_dir(dump_path), f"{label}.pid")
+    if _read_owner(path) == pid:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+
+
 def _read_owner(path: str) -> int | None:
     try:
         with open(path, encoding="utf-8") as fh:

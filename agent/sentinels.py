@@ -34,8 +34,6 @@ class Sentinels:
         self.on_optimizer_done = on_optimizer_done  # autoattach: the optimizer call ends a step
         self._handles: list[Any] = []
         self._hooked: "weakref.WeakSet[Any]" = weakref.WeakSet()
-        self._reducer_names: "weakref.WeakKeyDictionary[Any, list[str]]" = weakref.WeakKeyDictionary()
-        self._patches: list[tuple[Any, str, Any]] = []
         self._reduced_this_step = False
         self._loss_recorded = False
         self.optimizers: "weakref.WeakSet[Any]" = weakref.WeakSet()
@@ -46,13 +44,12 @@ class Sentinels:
 
     # ------------------------------------------------------------------ attach
     def attach(self) -> None:
-        import mindspore as ms
         from mindspore import nn
         self.enabled = True
-        if not self._patches:
-            self._patch_init(nn.Optimizer, self._hook_optimizer)
-            self._patch_init(nn.DistributedGradReducer, self._hook_reducer, remember_params=True)
-            self._patch_grad_api(ms)
+        if self not in _active:
+            _active.append(self)
+        if not _patches:
+            _install_patches()
         for obj in gc.get_objects():  # instances created before we were attached
             try:
                 if isinstance(obj, nn.Optimizer):
@@ -73,75 +70,14 @@ class Sentinels:
                 pass
         self._handles.clear()
         self._hooked = weakref.WeakSet()
-        for owner, attr, orig in reversed(self._patches):
-            setattr(owner, attr, orig)
-        self._patches.clear()
+        if self in _active:
+            _active.remove(self)
+        if not _active:
+            _restore_patches()
 
     def new_step(self) -> None:
         self._reduced_this_step = False
         self._loss_recorded = False
-
-    # ------------------------------------------------------------------ patches
-    def _patch_init(self, cls: type, on_new: Callable[[Any], None], remember_params: bool = False) -> None:
-        orig = cls.__init__
-        sentinels = self
-
-        def __init__(obj, *args, **kwargs):  # noqa: N807, ANN001
-            orig(obj, *args, **kwargs)
-            try:
-                if remember_params:
-                    params = args[0] if args else kwargs.get("parameters")
-                    sentinels._reducer_names[obj] = [getattr(p, "name", str(i)) for i, p in enumerate(params)]
-                if sentinels.enabled:
-                    on_new(obj)
-            except Exception as exc:  # noqa: BLE001
-                sentinels.rec.error(f"sentinel {cls.__name__} init", exc)
-
-        __init__.__wrapped__ = orig  # type: ignore[attr-defined]
-        self._patches.append((cls, "__init__", orig))
-        cls.__init__ = __init__
-
-    def _patch_grad_api(self, ms: Any) -> None:
-        from mindspore import ops
-        from mindspore.ops.function.grad import grad_func
-        for owner in {id(m): m for m in (ms, ops, grad_func)}.values():
-            orig = getattr(owner, "value_and_grad", None)
-            if orig is not None and not getattr(orig, "_rankscope", False):
-                wrapped = self._wrap_value_and_grad(orig)
-                self._patches.append((owner, "value_and_grad", orig))
-                setattr(owner, "value_and_grad", wrapped)
-
-    def _wrap_value_and_grad(self, orig: Callable) -> Callable:
-        sentinels = self
-
-        def value_and_grad(fn, grad_position=0, weights=None, has_aux=False, return_ids=False,
-                           sens_param=False):  # noqa: ANN001
-            inner = orig(fn, grad_position, weights, has_aux, return_ids, sens_param)
-            sentinels.grad_fns_seen += 1
-            if sentinels.on_grad_fn is not None:
-                try:
-                    sentinels.on_grad_fn(fn, weights)
-                except Exception as exc:  # noqa: BLE001
-                    sentinels.rec.error("finding the model", exc)
-
-            def grad_fn(*args, **kwargs):  # noqa: ANN002
-                out = inner(*args, **kwargs)
-                if sentinels.enabled:
-                    try:
-                        value = out[0]
-                        if isinstance(value, (tuple, list)):  # has_aux / multiple outputs
-                            value = value[0]
-                        sentinels.record_loss(value)
-                    except Exception as exc:  # noqa: BLE001
-                        sentinels.rec.error("loss sentinel", exc)
-                return out
-            grad_fn.__wrapped__ = inner  # type: ignore[attr-defined]
-            return grad_fn
-
-        value_and_grad._rankscope = True  # type: ignore[attr-defined]
-        value_and_grad.__wrapped__ = orig  # type: ignore[attr-defined]
-        value_and_grad.__doc__ = orig.__doc__
-        return value_and_grad
 
     # ------------------------------------------------------------------ hooks
     def _hook_optimizer(self, opt: Any) -> None:
@@ -205,7 +141,7 @@ class Sentinels:
         if not self.enabled or not self.record:
             return None
         try:
-            names = self._reducer_names.get(reducer) or self._optimizer_names(len(output))
+            names = _reducer_names.get(reducer) or self._optimizer_names(len(output))
             self._record_grads("Sentinel.grad_local", Kind.GRAD_LOCAL, args[0] if args else (), names)
             self._record_grads("Sentinel.grad_reduced", Kind.GRAD_REDUCED, output, names)
             self._reduced_this_step = True
@@ -227,3 +163,90 @@ class Sentinels:
         for i, g in enumerate(grads):
             pname = names[i] if i < len(names) else str(i)
             r.row(f"{prefix}.{pname}", kind, g, crc=kind is Kind.GRAD_REDUCED)
+
+
+# ---------------------------------------------------------------------- patches
+# Process-wide, because the patched callables are: one set of patches however many
+# debuggers exist (a script's own after autoattach's, tests), always feeding the newest
+# attached Sentinels, and removed when the last one detaches.
+_active: list[Sentinels] = []
+_patches: list[tuple[Any, str, Any]] = []
+_reducer_names: "weakref.WeakKeyDictionary[Any, list[str]]" = weakref.WeakKeyDictionary()
+
+
+def _current() -> Sentinels | None:
+    return _active[-1] if _active else None
+
+
+def _install_patches() -> None:
+    import mindspore as ms
+    from mindspore import nn, ops
+    from mindspore.ops.function.grad import grad_func
+    _patch_init(nn.Optimizer, "_hook_optimizer")
+    _patch_init(nn.DistributedGradReducer, "_hook_reducer", remember_params=True)
+    for owner in {id(m): m for m in (ms, ops, grad_func)}.values():
+        orig = getattr(owner, "value_and_grad", None)
+        if orig is not None and not getattr(orig, "_rankscope", False):
+            _patches.append((owner, "value_and_grad", orig))
+            setattr(owner, "value_and_grad", _wrap_value_and_grad(orig))
+
+
+def _restore_patches() -> None:
+    for owner, attr, orig in reversed(_patches):
+        setattr(owner, attr, orig)
+    _patches.clear()
+
+
+def _patch_init(cls: type, hook_method: str, remember_params: bool = False) -> None:
+    orig = cls.__init__
+
+    def __init__(obj, *args, **kwargs):  # noqa: N807, ANN001
+        orig(obj, *args, **kwargs)
+        s = _current()
+        try:
+            if remember_params:
+                params = args[0] if args else kwargs.get("parameters")
+                _reducer_names[obj] = [getattr(p, "name", str(i)) for i, p in enumerate(params)]
+            if s is not None and s.enabled:
+                getattr(s, hook_method)(obj)
+        except Exception as exc:  # noqa: BLE001
+            if s is not None:
+                s.rec.error(f"sentinel {cls.__name__} init", exc)
+
+    __init__.__wrapped__ = orig  # type: ignore[attr-defined]
+    _patches.append((cls, "__init__", orig))
+    cls.__init__ = __init__
+
+
+def _wrap_value_and_grad(orig: Callable) -> Callable:
+    def value_and_grad(fn, grad_position=0, weights=None, has_aux=False, return_ids=False,
+                       sens_param=False):  # noqa: ANN001
+        inner = orig(fn, grad_position, weights, has_aux, return_ids, sens_param)
+        s = _current()
+        if s is not None:
+            s.grad_fns_seen += 1
+            if s.on_grad_fn is not None:
+                try:
+                    s.on_grad_fn(fn, weights)
+                except Exception as exc:  # noqa: BLE001
+                    s.rec.error("finding the model", exc)
+
+        def grad_fn(*args, **kwargs):  # noqa: ANN002
+            out = inner(*args, **kwargs)
+            cur = _current()
+            if cur is not None and cur.enabled:
+                try:
+                    value = out[0]
+                    if isinstance(value, (tuple, list)):  # has_aux / multiple outputs
+                        value = value[0]
+                    cur.record_loss(value)
+                except Exception as exc:  # noqa: BLE001
+                    cur.rec.error("loss sentinel", exc)
+            return out
+        grad_fn.__wrapped__ = inner  # type: ignore[attr-defined]
+        return grad_fn
+
+    value_and_grad._rankscope = True  # type: ignore[attr-defined]
+    value_and_grad.__wrapped__ = orig  # type: ignore[attr-defined]
+    value_and_grad.__doc__ = orig.__doc__
+    return value_and_grad
