@@ -327,6 +327,13 @@ class ReplayFilter:
         return dict(self._high)
 
 
+def ack_message(replay: ReplayFilter, seq: int, job: str = "", src: str = "coordinator") -> Message:
+    """What a coordinator sends a node agent to confirm delivery: its replay filter's
+    high-water marks ("job|src" -> seq). The agent then trims those frames from its spool
+    instead of keeping them for its age-based replay window."""
+    return Message(STATUS, job, src, seq, {"what": "ack", "detail": {"high": replay.state()}})
+
+
 def iter_chunks(data: bytes, size: int = BUNDLE_CHUNK_BYTES) -> Iterable[tuple[int, bytes]]:
     for off in range(0, max(len(data), 1), size):
         yield off, data[off:off + size]

@@ -97,8 +97,7 @@ class FakeCoordinator:
         return len(self.peers)
 
     def ack(self) -> None:
-        frame = protocol.encode(Message(protocol.STATUS, "j", "coordinator", self._seq(),
-                                        {"what": "ack", "detail": {"high": self.replay.state()}}))
+        frame = protocol.encode(protocol.ack_message(self.replay, self._seq(), job="j"))
         for ident in self.peers:
             self.sock.send_multipart([ident, frame])
 

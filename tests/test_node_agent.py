@@ -287,3 +287,35 @@ def test_rank_that_exits_on_terminate_is_not_a_loss(tmp_path, coord, agent):
     coord.pump(0.5)
     assert coord.of_type(protocol.RANK_LOST) == []
     assert not (tmp_path / "bundles" / "j" / "rank_0").exists()
+
+
+def test_acknowledged_frames_are_not_replayed_after_a_restart(tmp_path, coord, agent):
+    _, endpoint = agent
+    rank = start_rank(endpoint, "--claim", "0", "--world-size", "1", "--steps", "200", "--sleep", "0.01",
+                      "--then", "hang")
+    try:
+        wait_event(rank, "registered")
+        # Without acknowledgements: a crash makes the agent resend what was in flight.
+        coord.wait_for(lambda m: m.type == protocol.STEP and m.body["step"] >= 50)
+        coord.close_socket()
+        time.sleep(0.5)
+        coord.open()
+        coord.wait_for(lambda m: m.type == protocol.STEP and m.body["step"] == 199, timeout=60)
+        resent = coord.replay.duplicates
+        assert resent > 0
+        # With them: nothing acknowledged comes back after the next crash.
+        coord.ack()
+        coord.pump(1.0)
+        coord.close_socket()
+        time.sleep(0.5)
+        before = len(coord.messages)
+        coord.open()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not any(  # the agent is back and resent its state
+                m.type == protocol.RANK_MAP for m in coord.messages[before:]):
+            coord.pump(0.1)
+        coord.pump(2.0)
+        assert coord.replay.duplicates == resent
+        assert sorted(m.body["step"] for m in coord.of_type(protocol.STEP)) == list(range(200))
+    finally:
+        stop(rank)
