@@ -319,3 +319,22 @@ def test_acknowledged_frames_are_not_replayed_after_a_restart(tmp_path, coord, a
         assert sorted(m.body["step"] for m in coord.of_type(protocol.STEP)) == list(range(200))
     finally:
         stop(rank)
+
+
+def test_live_rank_without_its_own_bundle_is_exported_by_the_agent(tmp_path, coord, agent):
+    _, endpoint = agent
+    rank = start_rank(endpoint, "--claim", "2", "--world-size", "1", "--steps", "6", "--then", "hang")
+    try:
+        wait_event(rank, "registered")
+        coord.wait_for(lambda m: m.type == protocol.STEP and m.body["step"] == 5)
+        for n, transfer in enumerate(("incA", "incB")):
+            coord.control("export", incident=transfer, args={"transfer": transfer})
+            finals = coord.wait_for(lambda m: m.type == protocol.BUNDLE_CHUNK and m.body["transfer"] == transfer
+                                    and m.body["final"] and m.body["path"].endswith("manifest.json"))
+            assert finals[0].body["on_behalf"] is True and finals[0].body["rank"] == 2
+        # Each request got a bundle of its own, nothing overwritten.
+        dirs = sorted(p.name for p in (tmp_path / "bundles" / "j" / "rank_2").iterdir())
+        assert dirs == ["rdr", "rdr.1"]
+        assert rank.poll() is None  # exporting did not disturb the rank
+    finally:
+        stop(rank)

@@ -49,10 +49,13 @@ class RankBundles:
     def recorder(self, entry: RankEntry) -> FlightRecorder | None:
         return self._recorders.get(self._key(entry))
 
-    def write_on_behalf(self, entry: RankEntry, reason: str, rank_map: list[dict]) -> Path | None:
-        """Write the dead rank's bundle once; later calls return the same directory."""
+    def write_on_behalf(self, entry: RankEntry, reason: str, rank_map: list[dict],
+                        final: bool = True) -> Path | None:
+        """Write a rank's bundle from what this agent saw. ``final`` (the rank is dead):
+        written once, later calls return the same directory, the ring is freed. Not final
+        (a live rank with no bundle of its own, asked for one): a fresh bundle every time."""
         key = self._key(entry)
-        if key in self.written:
+        if final and key in self.written:
             return self.written[key]
         from agent.rdr.bundle import write_bundle
 
@@ -69,8 +72,8 @@ class RankBundles:
             return None
         log.warning("wrote the bundle of rank %s (pid %d, %s) on its behalf: %s", rank, entry.pid, reason, path)
         self.written[key] = path
-        # The ring is in the bundle now; free it (a dead rank sends nothing more).
-        self._recorders.pop(key, None)
+        if final:
+            self._recorders.pop(key, None)  # the ring is in the bundle; a dead rank sends no more
         return path
 
     def chunks(self, entry: RankEntry, transfer: str) -> Iterator[dict]:

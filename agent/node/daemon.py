@@ -220,7 +220,7 @@ class NodeAgent:
             detail = msg.body.get("detail") or {}
             transfer = str(detail.get("transfer") or detail.get("incident") or "export")
             self._export_on_behalf(entry, transfer, f"export requested; the rank had no bundle "
-                                                    f"({detail.get('error') or 'no RDR recorder'})")
+                                                    f"({detail.get('error') or 'no RDR recorder'})", final=False)
         else:
             if entry is not None and what == "terminated":
                 entry.extra["state"] = "terminated"  # its exit that follows is not a loss
@@ -332,8 +332,8 @@ class NodeAgent:
             for job in jobs:
                 self._publish_map(job)
 
-    def _export_on_behalf(self, entry: RankEntry, transfer: str, reason: str) -> None:
-        self.bundles.write_on_behalf(entry, reason, self.registry.rank_map(entry.job))
+    def _export_on_behalf(self, entry: RankEntry, transfer: str, reason: str, final: bool = True) -> None:
+        self.bundles.write_on_behalf(entry, reason, self.registry.rank_map(entry.job), final=final)
         n = 0
         for body in self.bundles.chunks(entry, transfer):
             self._up_own(protocol.BUNDLE_CHUNK, entry.job, body)
