@@ -267,12 +267,13 @@ def test_model_train_with_msprobe_step(tmp_path):
     assert "Sentinel.loss" in names and "Sentinel.param.fc1.weight" in names
 
 
-def test_msprobe_compare_reads_our_dumps(tmp_path):
+@pytest.mark.parametrize("task", ["statistics", "tensor"])
+def test_msprobe_compare_reads_our_dumps(tmp_path, task):
     compat = pytest.importorskip("tests.msprobe_compat")
     if not compat.msprobe_available():
         pytest.skip("mindstudio-probe not installed")
     for side, seed in (("npu", 7), ("bench", 8)):
-        dbg = PrecisionDebugger(dump_path=str(tmp_path / side), level="L0")
+        dbg = PrecisionDebugger(dump_path=str(tmp_path / side), level="L0", task=task)
         net, opt, grad_fn = make(seed)
         dbg.start(net, rank_id=0)
         x, y = batch(0)
@@ -284,11 +285,14 @@ def test_msprobe_compare_reads_our_dumps(tmp_path):
     result = compat.run_msprobe_compare(tmp_path / "npu" / "step0" / "rank0",
                                         tmp_path / "bench" / "step0" / "rank0", tmp_path / "out")
     rows = {r["NPU Name"]: r for r in compat.read_compare_result(result)}
-    ours = compat.expected_rows(load(tmp_path / "npu", 0, "rank0")["data"])
+    ours = compat.expected_rows(load(tmp_path / "npu", 0, "rank0")["data"], tensor_names=task == "tensor")
     assert set(rows) == set(ours)
-    assert "Cell.fc1.Dense.backward.0.input.0" in rows  # backward entries are compared too
+    bwd = "Cell.fc1.Dense.backward.0.input.0"
     name = "Cell.fc2.Dense.forward.0.output.0"
+    assert bwd in rows and name in rows  # backward entries are compared too
     assert float(rows[name]["NPU max"]) == pytest.approx(ours[name]["Max"], rel=1e-6)
+    if task == "tensor":  # real data compared: different seeds give a cosine below 1
+        assert float(rows[name]["Cosine"]) < 0.9999
 
 
 def test_save_writes_debug_json_with_value_and_gradient(tmp_path):
