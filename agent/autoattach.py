@@ -122,6 +122,7 @@ class AutoSession:
                                           level=level, _auto=True)
         self.models: list[int] = []
         self.model_train = False  # Model.train drives steps through the callback
+        self.train_cells = 0  # TrainOneStepCells seen: their call is the step
         self._patches: list[tuple[Any, str, Any]] = []
         dbg = self.debugger
         dbg.sentinels.on_grad_fn = self._on_grad_fn
@@ -129,6 +130,7 @@ class AutoSession:
         # The debugger attached its sentinel patches (value_and_grad, Optimizer/Reducer
         # constructors) already, so the objects the script creates next are seen.
         self._patch_model()
+        self._patch_train_cell()
 
     # ------------------------------------------------------------------ model
     def _on_grad_fn(self, fn: Any, weights: Any) -> None:
@@ -143,8 +145,8 @@ class AutoSession:
         self.debugger.start(model)
 
     def _on_optimizer_done(self) -> None:
-        if self.model_train:
-            return
+        if self.model_train or self.train_cells:
+            return  # the callback / the TrainOneStepCell's own end marks the step
         dbg = self.debugger
         if not dbg._identified:  # noqa: SLF001 - no model found yet: sentinels still need a rank
             dbg.start()
@@ -178,6 +180,42 @@ class AutoSession:
         train.__wrapped__ = orig_train  # type: ignore[attr-defined]
         self._patches.append((Model, "train", orig_train))
         Model.train = train
+
+    def _patch_train_cell(self) -> None:
+        """A loop calling ``nn.TrainOneStepCell`` directly: its network is the model, its
+        output the loss, and the end of its call the end of the step (the optimizer runs
+        inside it, before the loss is returned)."""
+        try:
+            from mindspore import nn
+        except Exception:  # noqa: BLE001
+            return
+        cls = nn.TrainOneStepCell
+        orig_init = cls.__init__
+        session = self
+
+        def __init__(cell, network, optimizer, *args, **kwargs):  # noqa: N807, ANN001
+            orig_init(cell, network, optimizer, *args, **kwargs)
+            try:
+                session.train_cells += 1
+                cell.register_forward_hook(session._train_cell_done)
+                session.use_model(_unwrap_network(network))
+            except Exception as exc:  # noqa: BLE001
+                session.debugger.recorder.error("auto-attach TrainOneStepCell", exc)
+
+        __init__.__wrapped__ = orig_init  # type: ignore[attr-defined]
+        self._patches.append((cls, "__init__", orig_init))
+        cls.__init__ = __init__
+
+    def _train_cell_done(self, cell: Any, args: tuple, output: Any) -> None:
+        dbg = self.debugger
+        try:
+            loss = output[0] if isinstance(output, (tuple, list)) else output
+            dbg.sentinels.record_loss(loss)
+        except Exception as exc:  # noqa: BLE001
+            dbg.recorder.error("TrainOneStepCell loss", exc)
+        if not self.model_train:  # under Model.train the callback ends the step
+            dbg.step()
+        return None
 
     def close(self) -> None:
         for owner, attr, orig in reversed(self._patches):

@@ -185,10 +185,11 @@ def _install_patches() -> None:
     _patch_init(nn.Optimizer, "_hook_optimizer")
     _patch_init(nn.DistributedGradReducer, "_hook_reducer", remember_params=True)
     for owner in {id(m): m for m in (ms, ops, grad_func)}.values():
-        orig = getattr(owner, "value_and_grad", None)
-        if orig is not None and not getattr(orig, "_rankscope", False):
-            _patches.append((owner, "value_and_grad", orig))
-            setattr(owner, "value_and_grad", _wrap_value_and_grad(orig))
+        for name, with_loss in (("value_and_grad", True), ("grad", False)):
+            orig = getattr(owner, name, None)
+            if orig is not None and not getattr(orig, "_rankscope", False):
+                _patches.append((owner, name, orig))
+                setattr(owner, name, _wrap_value_and_grad(orig, with_loss))
 
 
 def _restore_patches() -> None:
@@ -218,7 +219,8 @@ def _patch_init(cls: type, hook_method: str, remember_params: bool = False) -> N
     cls.__init__ = __init__
 
 
-def _wrap_value_and_grad(orig: Callable) -> Callable:
+def _wrap_value_and_grad(orig: Callable, with_loss: bool = True) -> Callable:
+    """Wrap ``value_and_grad`` (loss sentinel + model discovery) or ``grad`` (discovery)."""
     def value_and_grad(fn, grad_position=0, weights=None, has_aux=False, return_ids=False,
                        sens_param=False):  # noqa: ANN001
         inner = orig(fn, grad_position, weights, has_aux, return_ids, sens_param)
@@ -230,6 +232,9 @@ def _wrap_value_and_grad(orig: Callable) -> Callable:
                     s.on_grad_fn(fn, weights)
                 except Exception as exc:  # noqa: BLE001
                     s.rec.error("finding the model", exc)
+
+        if not with_loss:
+            return inner
 
         def grad_fn(*args, **kwargs):  # noqa: ANN002
             out = inner(*args, **kwargs)

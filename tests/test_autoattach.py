@@ -148,3 +148,25 @@ def test_import_agent_stays_light():
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60,
                          env={k: v for k, v in os.environ.items() if k != "RANKSCOPE_ATTACH"})
     assert out.stdout.strip() == "[]", out.stderr
+
+
+TRAIN_CELL = textwrap.dedent("""
+    import numpy as np
+    import mindspore as ms
+    from mindspore import nn
+    ms.set_context(mode=ms.PYNATIVE_MODE, device_target="CPU")
+    net = nn.SequentialCell([nn.Dense(6, 5), nn.ReLU(), nn.Dense(5, 2)])
+    train_net = nn.TrainOneStepCell(nn.WithLossCell(net, nn.MSELoss()), nn.Adam(net.trainable_params()))
+    rs = np.random.RandomState(0)
+    for step in range(3):
+        loss = train_net(ms.Tensor(rs.randn(4, 6).astype(np.float32)), ms.Tensor(rs.randn(4, 2).astype(np.float32)))
+        print("loss", float(loss.asnumpy()))
+""")
+
+
+def test_train_one_step_cell_loop_is_probed(tmp_path):
+    run(TRAIN_CELL, tmp_path)
+    got = dumps(tmp_path)
+    assert sorted(got) == [0, 1, 2]  # one step per TrainOneStepCell call
+    assert "Cell.0.Dense.forward.0" in got[2] and "Cell.2.Dense.backward.0" in got[2]
+    assert "Cell.0.Dense.forward.1" not in got[2]
