@@ -127,6 +127,7 @@ def _pack_default(obj: Any) -> Any:
 
 
 _ACCEPTED_DTYPES: dict[str, np.dtype] = {}
+_MAX_KIND = int(max(Kind))
 
 
 def decode_array(obj: Any, what: str) -> np.ndarray:
@@ -138,9 +139,11 @@ def decode_array(obj: Any, what: str) -> np.ndarray:
         raise ProtocolError("bad_array", f"{what}: wrong field types")
     dtype = _ACCEPTED_DTYPES.get(dstr)
     if dtype is None:
+        if len(dstr) > 16:  # every numeric dtype string is short; "(10**9,)f8" is not
+            raise ProtocolError("bad_dtype", f"{what}: {dstr[:20]!r}...")
         try:
             dtype = np.dtype(dstr)
-        except TypeError as exc:
+        except Exception as exc:  # TypeError mostly, ValueError for some sub-array forms
             raise ProtocolError("bad_dtype", f"{what}: {dstr!r}") from exc
         if dtype.kind not in _NUMERIC_KINDS or dtype.hasobject or dtype.fields is not None:
             raise ProtocolError("bad_dtype", f"{what}: non-numeric dtype {dstr!r}")
@@ -174,13 +177,19 @@ class Decoder:
         try:
             msg = self.decode_or_raise(frame)
         except ProtocolError as exc:
-            self.rejected[exc.reason] += 1
-            # Rate-limit: a fuzzer or a stray client must not flood the log.
-            if self.rejected[exc.reason] <= 5 or self.rejected[exc.reason] % 1000 == 0:
-                log.warning("rejected frame (%s, total %d)", exc, self.rejected[exc.reason])
+            self._reject(exc)
+            return None
+        except Exception as exc:  # a check we did not foresee must still not crash the reader
+            self._reject(ProtocolError("malformed", f"{type(exc).__name__}: {str(exc)[:80]}"))
             return None
         self.accepted += 1
         return msg
+
+    def _reject(self, exc: ProtocolError) -> None:
+        self.rejected[exc.reason] += 1
+        # Rate-limit: a fuzzer or a stray client must not flood the log.
+        if self.rejected[exc.reason] <= 5 or self.rejected[exc.reason] % 1000 == 0:
+            log.warning("rejected frame (%s, total %d)", exc, self.rejected[exc.reason])
 
     def decode_or_raise(self, frame: bytes) -> Message:
         if not isinstance(frame, (bytes, bytearray, memoryview)):
@@ -260,7 +269,7 @@ def _check_step(body: dict) -> None:
             raise ProtocolError("bad_shape", f"step.cols.{name}: {arr.shape[0]} rows, want {n}")
         cols[name] = arr
     # A kind the detectors do not know would make StepBatch.validate() fail downstream.
-    if n and int(cols["kinds"].max()) > max(Kind):
+    if n and int(cols["kinds"].max()) > _MAX_KIND:
         raise ProtocolError("bad_field", f"step.cols.kinds: unknown kind {int(cols['kinds'].max())}")
     for k, v in body["new_names"].items():
         if not isinstance(k, int) or isinstance(k, bool) or k < 0 or not isinstance(v, str):

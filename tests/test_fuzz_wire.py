@@ -126,3 +126,29 @@ def test_agent_survives_fuzz_and_oversized_frames_and_keeps_serving(tmp_path):
         ctx.destroy(linger=0)
         stop(agent)
         coord.close()
+
+
+@pytest.mark.parametrize("dstr", ["(1000000000,)f8", "(2,)i4", "i4,i4", "O", "<U5", "S3", "V8", "<M8[ns]",
+                                  "m8", "", "f" * 40, "<i99999999999999999999", "(", "float64 "])
+def test_hostile_dtype_strings_are_rejected_not_raised(dstr):
+    env = {"v": 1, "t": "step", "job": "j", "src": "s", "seq": 0, "b": {
+        "rank": 0, "step": 0, "new_names": {},
+        "cols": {c: {"d": dstr, "s": [1], "b": b"\0" * 8} for c in protocol._STEP_COLS}}}
+    dec = Decoder()
+    assert dec.decode(msgpack.packb(env)) is None
+    assert sum(dec.rejected.values()) == 1
+
+
+def test_random_array_objects_never_raise():
+    rng = random.Random(7)
+    atoms = [None, True, -1, 0, 2**40, 1.5, "", "<f8", "|u1", "<i8", "x" * 30, b"", b"\0" * 8, [], {}, [1, 2],
+             [-1], [2**31, 2**31], "(3,)f8"]
+    dec = Decoder()
+    base = _valid_step()
+    env = msgpack.unpackb(base, raw=False, strict_map_key=False)
+    for _ in range(3000):
+        col = rng.choice(list(protocol._STEP_COLS))
+        e = {**env, "b": {**env["b"], "cols": dict(env["b"]["cols"])}}
+        e["b"]["cols"][col] = {k: rng.choice(atoms) for k in rng.sample(["d", "s", "b", "x"], rng.randint(0, 4))}
+        assert dec.decode(msgpack.packb(e)) is None
+    assert sum(dec.rejected.values()) == 3000
