@@ -11,8 +11,11 @@
   started from (nothing changes them between forward and the update).
 
 Optimizers and reducers are Cells, so a forward(-pre) hook on the instance is enough;
-instances are found through a constructor patch (while active) plus one scan of live
-objects at attach time. ``mindspore.value_and_grad`` is patched to see the loss.
+instances are found through a constructor patch (while any debugger is attached) plus
+one scan of live objects at attach time. ``mindspore.value_and_grad`` is patched to see
+the loss, and it and ``mindspore.grad`` to tell autoattach which model is trained.
+Only grad functions created after the patch are seen: the debugger attaches at
+construction, which msProbe's usage places before the model and its grad function.
 """
 from __future__ import annotations
 
