@@ -338,3 +338,26 @@ def test_live_rank_without_its_own_bundle_is_exported_by_the_agent(tmp_path, coo
         assert rank.poll() is None  # exporting did not disturb the rank
     finally:
         stop(rank)
+
+
+def test_odd_registrations(tmp_path, coord, agent):
+    import zmq
+
+    from agent.protocol import Message
+    from agent.transport import connect_dealer
+
+    _, endpoint = agent
+    ctx = zmq.Context()
+    try:
+        socks = {}
+        for name, pid, claim in (("zero-pid", 0, 0), ("minus-one", os.getpid(), -1)):
+            socks[name] = connect_dealer(ctx, endpoint, name.encode())
+            socks[name].send(protocol.encode(Message(protocol.REGISTER, "j", f"rank:{name}", 0, {
+                "host": "h", "pid": pid, "claimed_rank": claim, "world_size": 1})))
+        assert socks["minus-one"].poll(20000)
+        reply = protocol.Decoder().decode(socks["minus-one"].recv())
+        assert reply.type == protocol.REGISTERED
+        assert reply.body["claimed_rank"] is None and reply.body["assigned_rank"] == 0
+        assert not socks["zero-pid"].poll(1500)  # refused: never answered
+    finally:
+        ctx.destroy(linger=0)

@@ -131,3 +131,12 @@ def test_rank_that_re_registers_after_an_agent_restart_keeps_its_id():
     clock.t = 1
     got = {e.pid: (e.assigned_rank, e.remapped) for e in reg.due()}
     assert got == {1: (0, False), 2: (1, True)}
+
+
+def test_preferred_id_zero_is_honoured():
+    clock = Clock()
+    reg = RankRegistry(settle_s=0.1, clock=clock)
+    reg.claim(b"a", "j", _info(1, 0, dp_index=5, assigned_rank=0))
+    reg.claim(b"b", "j", _info(2, 0, dp_index=0, assigned_rank=1))
+    clock.t = 1
+    assert {e.pid: e.assigned_rank for e in reg.due()} == {1: 0, 2: 1}

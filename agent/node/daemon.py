@@ -188,7 +188,14 @@ class NodeAgent:
             if self.uplink is not None:
                 self.uplink.send_volatile(frame)
         elif msg.type == protocol.REGISTER:
-            entry = self.registry.claim(ident, msg.job, msg.body)
+            body = dict(msg.body)
+            if body["pid"] <= 0 or not body["host"]:
+                self.decoder.rejected["bad_register"] += 1
+                log.warning("REGISTER from %s refused: pid %r, host %r", msg.src, body["pid"], body["host"][:60])
+                return
+            if body["claimed_rank"] is not None and body["claimed_rank"] < 0:
+                body["claimed_rank"] = None  # "-1" is how some frameworks say "no rank"
+            entry = self.registry.claim(ident, msg.job, body)
             entry.extra["src"] = key[0]
             if entry.state is RankState.LIVE:
                 self._answer(entry, forward=False)  # a reconnecting rank: same id again

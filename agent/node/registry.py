@@ -79,6 +79,10 @@ class RankEntry:
                 "last_step": self.last_step, "exit_status": self.exit_status, "reason": self.reason}
 
 
+def _non_negative(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
 _INFO_FIELDS = ("world_size", "dp_index", "device_id", "local_rank", "label")
 
 
@@ -106,7 +110,8 @@ class RankRegistry:
             return entry
         entry = RankEntry(job=job, host=info["host"], pid=int(info["pid"]),
                           claimed_rank=info.get("claimed_rank"), identity=identity,
-                          registered_at=self._clock(), prefer=info.get("assigned_rank"),
+                          registered_at=self._clock(),
+                          prefer=_non_negative(info.get("assigned_rank")),
                           **{k: info[k] for k in _INFO_FIELDS if info.get(k) is not None})
         self._entries[key] = entry
         self._by_identity[identity] = entry
