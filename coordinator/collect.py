@@ -60,6 +60,7 @@ class DumpCollector:
         self.files: dict[int, int] = {}
         self.bytes: dict[int, int] = {}
         self.finished: dict[int, dict] = {}
+        self.rank_errors: list[str] = []
 
     def resume_offsets(self) -> dict[str, int]:
         # rank is irrelevant without per-rank dirs: the paths already carry rank{ID}/
@@ -80,6 +81,8 @@ class DumpCollector:
         if detail.get("transfer") == self.transfer and isinstance(detail.get("rank"), int):
             self.finished[detail["rank"]] = dict(detail)
             self.expected.add(detail["rank"])
+            if detail.get("error"):  # e.g. the rank has no local dump_path
+                self.rank_errors.append(f"rank {detail['rank']}: {detail['error']}")
 
     def done(self) -> bool:
         return bool(self.expected) and self.expected <= set(self.finished)
@@ -91,6 +94,6 @@ class DumpCollector:
             "bytes": sum(self.bytes.values()), "per_rank": {str(r): {"files": self.files.get(r, 0),
                                                                      "bytes": self.bytes.get(r, 0)}
                                                             for r in sorted(self.expected | set(self.files))},
-            "problems": [str(p) for p in self.assembler.problems][:50], "done": self.done(),
+            "problems": (self.rank_errors + [str(p) for p in self.assembler.problems])[:50], "done": self.done(),
             "elapsed_s": round(time.time() - self.started, 3),
         }

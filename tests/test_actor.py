@@ -3,6 +3,7 @@ node agent: verdict -> pause -> export -> incident on disk -> resume, restarts, 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 import time
 
 import numpy as np
@@ -169,7 +170,7 @@ def test_start_joins_a_running_coordinator_and_bad_settings_name_the_field(tmp_p
 
 
 def _rank_process(endpoint: str, job: str, claimed: int, steps: int, fault_step: int, bundle_root: str,
-                  results, start) -> None:
+                  results, start, dump_root: str, leave) -> None:
     """A rank as the probe runs it: AgentClient + StepGate, a NaN local gradient on rank 1."""
     from agent.client import AgentClient, RankClaim
     from agent.control import GateState, StepGate
@@ -178,10 +179,14 @@ def _rank_process(endpoint: str, job: str, claimed: int, steps: int, fault_step:
 
     paused_at: list[int] = []
     gate = StepGate(on_state=lambda state, step: paused_at.append(step) if state is GateState.PAUSED else None)
-    client = AgentClient(endpoint, job, gate, heartbeat_s=0.2,
+    client = AgentClient(endpoint, job, gate, heartbeat_s=0.2, dump_path=dump_root,
                          on_export=lambda incident: [write_bundle(bundle_root, rank, reason=f"export {incident}",
                                                                   steps=[])])
     rank = client.register(RankClaim.here(claimed, world_size=3), timeout=20)
+    for step in range(3):  # this rank's local msProbe-layout dump, for `rankscope collect`
+        d = Path(dump_root) / f"step{step}" / f"rank{rank}"
+        d.mkdir(parents=True)
+        (d / "dump.json").write_text(json.dumps({"task": "statistics", "step": step, "rank": rank}))
     # Like a collective job: nobody trains ahead while a slow process is still starting
     # (else the progress detector rightly reports the late starter first).
     start.wait(60)
@@ -201,9 +206,9 @@ def _rank_process(endpoint: str, job: str, claimed: int, steps: int, fault_step:
         client.emit(StepOutput(builder.build(job, rank, step), f"rank{rank}"))
         gate.at_step_boundary(step)
         time.sleep(0.05)
-    time.sleep(0.5)
-    client.close()
     results.put({"claimed": claimed, "rank": rank, "paused_at": paused_at})
+    leave.wait(120)  # stay attached for the collect
+    client.close()
 
 
 def test_real_node_agent_and_rank_clients_pause_export_and_resume(tmp_path):
@@ -211,7 +216,6 @@ def test_real_node_agent_and_rank_clients_pause_export_and_resume(tmp_path):
     import multiprocessing as mp
     import subprocess
     import sys
-    from pathlib import Path
 
     job = "jobR"
     h = start_coordinator(str(tmp_path / "export"), {"on_divergence": "export", "pause_timeout_s": 30,
@@ -224,13 +228,15 @@ def test_real_node_agent_and_rank_clients_pause_export_and_resume(tmp_path):
          "--bundle-dir", str(tmp_path / "agent_bundles"), "--settle", "0.1", "--log-level", "WARNING"],
         cwd=Path(__file__).resolve().parents[1], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     procs = []
+    leave = None
     try:
         wait_for(lambda: sock.exists() or agent.poll() is not None)
         assert agent.poll() is None, agent.stderr.read().decode()[-2000:]
         ctx = mp.get_context("spawn")
-        results, start = ctx.Queue(), ctx.Barrier(3)
+        results, start, leave = ctx.Queue(), ctx.Barrier(3), ctx.Event()
         procs = [ctx.Process(target=_rank_process, args=(f"ipc://{sock}", job, r, 1200, 3,
-                                                         str(tmp_path / "rank_bundles"), results, start))
+                                                         str(tmp_path / "rank_bundles"), results, start,
+                                                         str(tmp_path / f"dump_{r}"), leave))
                  for r in range(3)]
         for p in procs:
             p.start()
@@ -245,7 +251,20 @@ def test_real_node_agent_and_rank_clients_pause_export_and_resume(tmp_path):
         assert json.loads((d / "incident.json").read_text())["missing_bundles"] == []
         rank_map = json.loads(wait_for(lambda: (d / "rank_map.json").is_file() and d / "rank_map.json").read_text())
         assert sorted(e["assigned_rank"] for e in rank_map) == [0, 1, 2], rank_map  # the node agent's map
+
+        # rankscope collect: every rank streams its selected dump steps into one tree
+        answer = ray.get(h.control.remote("collect", {"steps": "1-2"}))
+        assert answer["sent_to_agents"] == 1
+        progress = wait_for(lambda: (ray.get(h.status.remote())["collect"] or {}).get("done")
+                            and ray.get(h.status.remote())["collect"], timeout=60)
+        assert progress["files"] == 6 and not progress["problems"], progress
+        dumps = tmp_path / "export" / "dumps"
+        assert sorted(p.relative_to(dumps).as_posix() for p in dumps.rglob("dump.json")) == [
+            f"step{s}/rank{r}/dump.json" for s in (1, 2) for r in range(3)]
+        assert json.loads((dumps / "step2" / "rank1" / "dump.json").read_text())["rank"] == 1
     finally:
+        if leave is not None:
+            leave.set()
         for p in procs:
             p.join(10)
             if p.is_alive():
