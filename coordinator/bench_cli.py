@@ -75,9 +75,7 @@ def _sender(node: int, ranks: list[int], args: dict, endpoint: str, ready: Any, 
     job, tensors, steps = args["job"], args["tensors"], args["steps"]
     rng = np.random.default_rng(node)
     seqs = {r: protocol.SeqCounter() for r in ranks}
-
-    def frame(msg: protocol.Message) -> bytes:
-        return protocol.encode(msg)
+    frame = protocol.encode
 
     register = [frame(protocol.Message(protocol.REGISTER, job, f"rank:{r}", seqs[r](), {
         "host": f"simnode{node}", "pid": 100000 + r, "claimed_rank": r, "world_size": args["ranks"]}))
@@ -106,8 +104,8 @@ def _sender(node: int, ranks: list[int], args: dict, endpoint: str, ready: Any, 
         sock.send(f)
     t2 = time.time()
     results.put({"node": node, "phase1_start": t0, "phase1_sent": t1, "phase2_sent": t2})
-    # Control from the coordinator (pause/export) is read and ignored: simulated ranks
-    # have no gate and no bundle; the incident is written at export timeout.
+    # Control from the coordinator (export) is never read: simulated ranks have no gate and
+    # no bundle, so the incident is written at its export timeout.
     time.sleep(0.2)
     sock.close(linger=0)
     ctx.term()
@@ -183,7 +181,6 @@ def run_ingest(ranks: int, tensors: int, steps: int, *, nodes: int | None = None
                    every=0.25)  # the figure uses the actor's own last-ingest time, not this poll
         judged_wait = _wait(coord, lambda s: (s.get("last_judged_step") or -1) >= steps - 2, 30.0,
                             must=False)
-        phase1_first = None
         go2.set()
         _wait(coord, lambda s: bool(s["incidents"]), timeout_s)
         sent = [results.get(timeout=timeout_s) for _ in procs]
