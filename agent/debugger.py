@@ -54,6 +54,7 @@ class PrecisionDebugger:
         self.sentinels = Sentinels(self.recorder)
         self.recorder.params_now = lambda: not any(True for _ in self.sentinels.optimizers)
         self.recorder.device_side = _device_side()
+        self.recorder.on_step_start = self.sentinels.snapshot
         self.sinks: list[Any] = [self.writer]
         self.flight_recorder = _make_flight_recorder(cfg.cluster.flight_recorder_steps)
         if self.flight_recorder is not None:
@@ -110,6 +111,7 @@ class PrecisionDebugger:
             self._guard("wrapping APIs", lambda: self.apis.attach(primitives=model is not None))
         self._started = True
         self._update_dumping()
+        self._guard("step-start snapshot", self.sentinels.snapshot)
 
     def stop(self) -> None:
         """Stop collecting hook data (sentinels keep recording until step())."""

@@ -39,6 +39,7 @@ class Sentinels:
         self._hooked: "weakref.WeakSet[Any]" = weakref.WeakSet()
         self._reduced_this_step = False
         self._loss_recorded = False
+        self._snapshot_taken = False
         self.optimizers: "weakref.WeakSet[Any]" = weakref.WeakSet()
         self.grad_fns_seen = 0
         #: Called with (fn, weights) when a value_and_grad/grad function is created:
@@ -81,6 +82,34 @@ class Sentinels:
     def new_step(self) -> None:
         self._reduced_this_step = False
         self._loss_recorded = False
+        self._snapshot_taken = False
+        self.rec.param_cache.clear()
+
+    def snapshot(self) -> None:
+        """PARAM + OPT_STATE rows (CRC-32 + stats) as the step starts.
+
+        Taken at the first of: ``start()``, the root model's forward, the optimizer call
+        (fallback). Reading a tensor drains MindSpore's queue; at step start the queue is
+        (nearly) empty because loops read the loss at step end, whereas at the optimizer
+        call it holds the whole backward. Parameter stats are kept for L0 to reuse.
+        """
+        if not self.enabled or not self.record or self._snapshot_taken:
+            return
+        if not any(True for _ in self.optimizers):
+            return  # no optimizer (yet): nothing updates parameters in place
+        self._snapshot_taken = True
+        r = self.rec
+        r.resolve()  # keep record order: everything queued goes first
+        for opt in list(self.optimizers):
+            model_ids = set()
+            for p in getattr(opt, "parameters", ()):
+                model_ids.add(id(p))
+                st = r.stats(p, crc=True)
+                r.param_cache[id(p)] = st
+                r.row_now(f"Sentinel.param.{p.name}", Kind.PARAM, st)
+            for name, p in opt.parameters_and_names():
+                if id(p) not in model_ids:
+                    r.row_now(f"Sentinel.opt_state.{name}", Kind.OPT_STATE, r.stats(p, crc=True))
 
     # ------------------------------------------------------------------ hooks
     def _hook_optimizer(self, opt: Any) -> None:
@@ -111,20 +140,14 @@ class Sentinels:
             return None
         r = self.rec
         try:
-            r.resolve()  # forward params must be read before the update below
-            if not self.record:
-                return None
-            model_ids = set()
-            for p in getattr(opt, "parameters", ()):
-                model_ids.add(id(p))
-                r.row(f"Sentinel.param.{p.name}", Kind.PARAM, p, crc=True)
-            for name, p in opt.parameters_and_names():
-                if id(p) not in model_ids:
-                    r.row(f"Sentinel.opt_state.{name}", Kind.OPT_STATE, p, crc=True)
-            if not self._reduced_this_step and args:
+            if self.record and not self._snapshot_taken:
+                self.snapshot()  # nothing marked the step start: take it now
+            if r.has_unread_params():
+                r.resolve()  # the optimizer updates parameters in place next
+            if self.record and not self._reduced_this_step and args:
+                # fresh tensors the update does not touch: read at step end
                 self._record_grads("Sentinel.grad_local", Kind.GRAD_LOCAL, args[0],
                                    [p.name for p in getattr(opt, "parameters", ())])
-            r.resolve()  # the optimizer updates params and state in place next
         except Exception as exc:  # noqa: BLE001
             r.error("optimizer sentinel", exc)
         return None

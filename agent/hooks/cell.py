@@ -49,6 +49,11 @@ class CellHooks:
 
     def _root_pre(self, cell: Any, args: tuple) -> None:
         self._root_depth += 1
+        if self._root_depth == 1 and self.rec.on_step_start is not None:
+            try:
+                self.rec.on_step_start()
+            except Exception as exc:  # noqa: BLE001
+                self.rec.error("step-start snapshot", exc)
         if self._root_depth == 1 and self.rec.dumping and self.rec.queued_hooks is None:
             self.rec.queued_hooks = []
         return None
@@ -133,6 +138,9 @@ class CellHooks:
         return fwd_hook
 
     def _param_entry(self, name: str, param: Any) -> dict:
+        cached = self.rec.param_cache.get(id(param)) if self.rec.task != "tensor" else None
+        if cached is not None:  # read at step start; the forward uses the same values
+            return self.rec.known(name, Kind.PARAM, cached)
         if self.rec.params_now():
             return self.rec.tensor_now(name, Kind.PARAM, param)
         return self.rec.tensor(name, Kind.PARAM, param)

@@ -8,12 +8,13 @@ into a wrapped API or change the graph.
 """
 from __future__ import annotations
 
+import copy
 import linecache
 import sys
 import traceback
 from typing import Any, Callable
 
-from agent.records import Kind, NameTable, StepBatchBuilder
+from agent.records import NO_CRC, Kind, NameTable, StepBatchBuilder
 from agent.stats import TensorStats, is_tensor, tensor_stats
 
 _DEVICE_FLOATS = frozenset({"Float32", "Float16", "BFloat16", "Float64"})
@@ -69,6 +70,12 @@ class Recorder:
         #: here and done at the end of that forward: registering a hook on a tensor still
         #: being computed waits for MindSpore's pipeline, so one batch = one wait.
         self.queued_hooks: list[tuple[Any, Any]] | None = None
+        #: Stats of parameters read at step start (sentinel snapshot), by id: L0 reuses
+        #: them instead of reading a parameter again.
+        self.param_cache: dict[int, TensorStats] = {}
+        #: Called when a hooked root model's forward begins (the step's start in loops
+        #: that never call start() per step).
+        self.on_step_start: Callable[[], None] | None = None
 
     # ------------------------------------------------------------------ filters
     def wants(self, name: str) -> bool:
@@ -94,7 +101,24 @@ class Recorder:
 
     def row(self, name: str, kind: Kind, value: Any, crc: bool | None = None) -> None:
         """A streamed row only: no dump.json entry, no tensor file (the sentinels)."""
-        self._pending.append((name, kind, value, self.crc if crc is None else crc, None))
+        self._pending.append((name, kind, value, self.crc if crc is None else crc, None, None))
+
+    def known(self, name: str, kind: Kind, st: TensorStats) -> dict:
+        """Queue a record whose stats are already known (a parameter read at step start)."""
+        if not self.crc and st.crc != NO_CRC:
+            st = copy.copy(st)
+            st.crc = NO_CRC
+        entry: dict = {}
+        self._pending.append((name, kind, None, False, entry, st))
+        return entry
+
+    def row_now(self, name: str, kind: Kind, st: TensorStats) -> None:
+        """Append a row at once; callers resolve() first so record order holds."""
+        self.builder.add(name, kind, st.row(), st.nan, st.inf, st.numel, st.crc)
+
+    def has_unread_params(self) -> bool:
+        """Queued parameter records still to be read (before an optimizer changes them)."""
+        return any(item[1] == Kind.PARAM and item[5] is None for item in self._pending)
 
     def tensor(self, name: str, kind: Kind, value: Any, crc: bool | None = None) -> dict:
         """Queue a tensor; its entry dict is filled in by :meth:`resolve`.
@@ -106,7 +130,7 @@ class Recorder:
         parameters are resolved before the optimizer updates them (sentinels).
         """
         entry: dict = {}
-        self._pending.append((name, kind, value, self.crc if crc is None else crc, entry))
+        self._pending.append((name, kind, value, self.crc if crc is None else crc, entry, None))
         return entry
 
     def tensor_now(self, name: str, kind: Kind, value: Any, crc: bool | None = None) -> dict:
@@ -118,12 +142,14 @@ class Recorder:
         """Compute every queued tensor's stats, in record order (one pipeline drain)."""
         pending, self._pending = self._pending, []
         on_device = self._device_rows(pending) if self.device_side and pending else {}
-        for idx, (name, kind, value, crc, entry) in enumerate(pending):
+        for idx, (name, kind, value, crc, entry, st) in enumerate(pending):
             try:
-                st = on_device.get(idx) or tensor_stats(value, crc)
+                if st is None:
+                    st = on_device.get(idx) or tensor_stats(value, crc)
                 self.builder.add(name, kind, st.row(), st.nan, st.inf, st.numel, st.crc)
                 if entry is not None:
-                    data_name = self._save_tensor(name, value) if self.task == "tensor" else None
+                    data_name = self._save_tensor(name, value) if self.task == "tensor" and value is not None \
+                        else None
                     entry.update(st.entry(data_name))
             except Exception as exc:  # noqa: BLE001
                 self.error(f"stats of {name}", exc)
@@ -153,8 +179,8 @@ class Recorder:
         """Float tensors that need no CRC and no file: stats on the device, one readback."""
         from agent.stats import device_stats_batch, stats_from_device_row
         picked, meta = [], []
-        for idx, (_name, _kind, value, crc, entry) in enumerate(pending):
-            if crc or (entry is not None and self.task == "tensor") or not is_tensor(value):
+        for idx, (_name, _kind, value, crc, entry, known) in enumerate(pending):
+            if known is not None or crc or (entry is not None and self.task == "tensor") or not is_tensor(value):
                 continue
             try:
                 dtype_name, shape = str(value.dtype), list(value.shape)
