@@ -265,7 +265,7 @@ class PrecisionDebugger:
                 self.rdr.set_rank(rank)
             except Exception as exc:  # noqa: BLE001
                 self.recorder.error("moving the RDR bundle to the rank", exc)
-        if old != self._label and old.startswith("proc"):
+        if old != self._label:
             try:
                 self.writer.rename_rank_folder(old, self._label)
             except Exception as exc:  # noqa: BLE001
@@ -293,7 +293,9 @@ class PrecisionDebugger:
                           world_size=_env_int("RANK_SIZE") or _env_int("WORLD_SIZE") or _world_size(),
                           dp_index=self.config.cluster.dp_index, device_id=_env_int("DEVICE_ID"),
                           local_rank=_env_int("LOCAL_RANK"), label=self._label)
-        assigned = client.register(claim, timeout=2.0)
+        # 5 s, not 2: on a loaded node the agent's answer can take seconds, and a late
+        # answer is still picked up at the next step end (see _flush).
+        assigned = client.register(claim, timeout=5.0)
         if assigned is not None:
             self.rank = assigned  # the node agent's (possibly remapped) id
         self.client = client
@@ -311,6 +313,9 @@ class PrecisionDebugger:
 
     def _flush(self, step: int) -> None:
         r = self.recorder
+        assigned = getattr(self.client, "assigned", None)
+        if assigned is not None and assigned != self.rank:  # the agent answered late
+            self._set_rank(assigned)
         if self.rank is None and self.rank_source == "none" and self._identified:
             rank, source = resolve_rank(None)  # init() may have happened since start()
             if rank is not None:
