@@ -223,7 +223,8 @@ class AutoSession:
         self._patches.clear()
         dbg = self.debugger
         try:
-            if len(dbg.recorder.builder):
+            rec = dbg.recorder
+            if len(rec.builder) or rec._pending or rec.entries:  # noqa: SLF001
                 dbg.step()  # flush the partial last step
         except Exception:  # noqa: BLE001
             pass
