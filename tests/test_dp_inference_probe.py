@@ -82,6 +82,18 @@ def test_faulty_worker_departs_at_the_faulted_token_in_the_faulted_block(run):
         "(parameters included) must still match the clean replicas")
 
 
+def test_parameter_records_show_the_weight_each_token_ran_with(run):
+    """The weight changed between decode iterations 1 and 2 of one request: each
+    call's parameter record must show the value that call used."""
+    clean, faulty = dump(run, 0), dump(run, 1)
+
+    def weight_max(data, n):
+        return data[f"Cell.layers.1.attn.qkv.Dense.forward.{n}"]["parameters"]["weight"]["Max"]
+    assert weight_max(faulty, 0) == weight_max(clean, 0)  # token 1: before the fault
+    for n in (1, 2):  # tokens 2 and 3: after it, +1e-3 everywhere
+        assert weight_max(faulty, n) == pytest.approx(weight_max(clean, n) + 1e-3, abs=1e-6)
+
+
 def test_without_agent_or_rank_id_clashing_workers_lose_no_dump(tmp_path):
     """msProbe's SGLang failure mode: every worker is rank 0 and nobody remaps. With no
     node agent and no explicit rank_id, the probe must still keep every worker's dump
