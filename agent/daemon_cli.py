@@ -35,6 +35,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds without a heartbeat before a live rank is reported unresponsive")
     p.add_argument("--settle", type=float, default=0.3,
                    help="seconds registrations are collected before ids are assigned (default: %(default)s)")
+    p.add_argument("--replay-window", type=float, default=10.0,
+                   help="seconds a sent frame stays replayable when the coordinator does not "
+                        "acknowledge (default: %(default)s)")
+    p.add_argument("--drain", type=float, default=5.0,
+                   help="on SIGTERM, seconds to keep sending what is not sent yet (default: %(default)s)")
     p.add_argument("--curve-secret", "--curve-secret-key", dest="curve_secret", default=None,
                    help="this agent's CURVE secret key file (rankscope keys new NAME -> NAME.key_secret)")
     p.add_argument("--coordinator-key", "--curve-server-key", dest="coordinator_key", default=None,
@@ -51,6 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
 def settings_from_args(args: argparse.Namespace):
     from agent.node.daemon import AgentSettings
 
+    for name in ("replay_window", "drain", "heartbeat_timeout", "settle"):
+        if getattr(args, name) < 0:
+            raise SystemExit(f"rankscope agent: --{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
     for name in ("spool_max_mb", "flight_recorder_steps"):
         if getattr(args, name) < 1:
             raise SystemExit(f"rankscope agent: --{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
@@ -74,7 +82,8 @@ def settings_from_args(args: argparse.Namespace):
         listen=args.listen, coordinator=args.coordinator, job=args.job, spool_dir=Path(args.spool),
         bundle_dir=Path(args.bundle_dir), flight_recorder_steps=args.flight_recorder_steps,
         spool_max_bytes=args.spool_max_mb << 20, heartbeat_timeout_s=args.heartbeat_timeout,
-        settle_s=args.settle, listen_curve=listen_curve, coordinator_curve=coord_curve, host=args.host)
+        settle_s=args.settle, listen_curve=listen_curve, coordinator_curve=coord_curve, host=args.host,
+        replay_window_s=args.replay_window, drain_s=args.drain)
 
 
 def main(argv: list[str]) -> int:

@@ -365,3 +365,26 @@ def test_odd_registrations(tmp_path, coord, agent):
         assert not socks["zero-pid"].poll(1500)  # refused: never answered
     finally:
         ctx.destroy(linger=0)
+
+
+def test_spool_outlives_the_agent_and_is_replayed_by_the_next_one(tmp_path):
+    port = free_port()
+    proc, endpoint = start_agent(tmp_path, f"tcp://127.0.0.1:{port}", "--drain", "0.5")  # nobody there
+    rank = start_rank(endpoint, "--claim", "0", "--world-size", "1", "--steps", "50")
+    try:
+        wait_event(rank, "done")
+        assert rank.wait(30) == 0
+        time.sleep(0.5)  # let the agent take the last frames and the goodbye
+        assert stop(proc) == 0
+        assert "stay in the spool" in (tmp_path / "agent.log").read_text()
+        coord = FakeCoordinator(f"tcp://127.0.0.1:{port}")
+        try:
+            proc, _ = start_agent(tmp_path, coord.bound)
+            coord.wait_for(lambda m: m.type == protocol.STATUS and m.body["what"] == "finished")
+            coord.pump(0.5)
+            assert sorted(m.body["step"] for m in coord.of_type(protocol.STEP)) == list(range(50))
+        finally:
+            coord.close()
+    finally:
+        stop(rank)
+        stop(proc)

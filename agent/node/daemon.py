@@ -52,6 +52,7 @@ class AgentSettings:
     listen_curve: CurveKeys | None = None  # CURVE server keys when --listen is not local
     coordinator_curve: CurveKeys | None = None  # CURVE client keys for a non-local coordinator
     host: str | None = None  # default: socket.gethostname()
+    drain_s: float = 5.0  # on stop, how long to keep sending the backlog
 
 
 class NodeAgent:
@@ -116,8 +117,24 @@ class NodeAgent:
                 if self.uplink is not None:
                     self.uplink.confirm()
                     self.uplink.pump()
+            self._drain_on_stop()
         finally:
             self.close()
+
+    def _drain_on_stop(self) -> None:
+        """Stopping (SIGTERM at job end): take what ranks still sent and hand the backlog to
+        the coordinator for up to ``drain_s``; what does not go stays in the spool."""
+        self._drain_ranks()
+        if self.uplink is None:
+            return
+        deadline = time.monotonic() + self.s.drain_s
+        while self.uplink.connected and self.uplink.backlog and time.monotonic() < deadline:
+            if not self.uplink.pump():
+                time.sleep(0.01)
+            self.uplink.poll_link()
+        if self.uplink.backlog:
+            log.warning("stopping with frames not yet sent; they stay in the spool %s and go first "
+                        "when an agent starts on it again", self.s.spool_dir)
 
     def close(self) -> None:
         if self.uplink is not None:
