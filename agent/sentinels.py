@@ -40,6 +40,7 @@ class Sentinels:
         self._reduced_this_step = False
         self._loss_recorded = False
         self._snapshot_taken = False
+        self._layouts: "weakref.WeakKeyDictionary[Any, tuple]" = weakref.WeakKeyDictionary()
         self.optimizers: "weakref.WeakSet[Any]" = weakref.WeakSet()
         self.grad_fns_seen = 0
         #: Called with (fn, weights) when a value_and_grad/grad function is created:
@@ -101,15 +102,26 @@ class Sentinels:
         r = self.rec
         r.resolve()  # keep record order: everything queued goes first
         for opt in list(self.optimizers):
-            model_ids = set()
-            for p in getattr(opt, "parameters", ()):
-                model_ids.add(id(p))
+            params, state = self._layout_of(opt)
+            for name, p in params:
                 st = r.stats(p, crc=True)
                 r.param_cache[id(p)] = st
-                r.row_now(f"Sentinel.param.{p.name}", Kind.PARAM, st)
-            for name, p in opt.parameters_and_names():
-                if id(p) not in model_ids:
-                    r.row_now(f"Sentinel.opt_state.{name}", Kind.OPT_STATE, r.stats(p, crc=True))
+                r.row_now(f"Sentinel.param.{name}", Kind.PARAM, st)
+            for name, p in state:
+                r.row_now(f"Sentinel.opt_state.{name}", Kind.OPT_STATE, r.stats(p, crc=True))
+
+    def _layout_of(self, opt: Any) -> tuple[list[tuple[str, Any]], list[tuple[str, Any]]]:
+        """(model parameters, optimizer state) as (name, tensor) pairs, cached: reading
+        ``Parameter.name`` waits for MindSpore's pipeline, so names are read once, at a
+        step start, never in the optimizer hook."""
+        layout = self._layouts.get(opt)
+        if layout is None:
+            params = [(p.name, p) for p in getattr(opt, "parameters", ())]
+            ids = {id(p) for _, p in params}
+            state = [(n, p) for n, p in opt.parameters_and_names() if id(p) not in ids]
+            layout = (params, state)
+            self._layouts[opt] = layout
+        return layout
 
     # ------------------------------------------------------------------ hooks
     def _hook_optimizer(self, opt: Any) -> None:
@@ -147,7 +159,7 @@ class Sentinels:
             if self.record and not self._reduced_this_step and args:
                 # fresh tensors the update does not touch: read at step end
                 self._record_grads("Sentinel.grad_local", Kind.GRAD_LOCAL, args[0],
-                                   [p.name for p in getattr(opt, "parameters", ())])
+                                   [n for n, _ in self._layout_of(opt)[0]])
         except Exception as exc:  # noqa: BLE001
             r.error("optimizer sentinel", exc)
         return None
@@ -177,7 +189,7 @@ class Sentinels:
 
     def _optimizer_names(self, n: int) -> list[str]:
         for opt in self.optimizers:
-            names = [p.name for p in getattr(opt, "parameters", ())]
+            names = [name for name, _ in self._layout_of(opt)[0]]
             if len(names) == n:
                 return names
         return [str(i) for i in range(n)]

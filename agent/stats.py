@@ -164,8 +164,11 @@ def tensor_stats(value: Any, crc: bool = False) -> TensorStats:
 
 
 def is_tensor(value: Any) -> bool:
-    """A MindSpore Tensor/Parameter (or a stub tensor), without importing MindSpore."""
-    return hasattr(value, "asnumpy") and hasattr(value, "shape") and hasattr(value, "dtype")
+    """A MindSpore Tensor/Parameter (or a stub tensor) or a NumPy array, without
+    importing MindSpore. Checked on the type: reading ``shape``/``dtype`` of a tensor
+    still being computed waits for MindSpore's pipeline."""
+    t = type(value)
+    return (hasattr(t, "asnumpy") and hasattr(t, "shape") and hasattr(t, "dtype")) or t is np.ndarray
 
 
 def device_stats(value: Any) -> Any:
