@@ -58,7 +58,23 @@ class RankClaim:
         return cls(host=socket.gethostname(), pid=os.getpid(), claimed_rank=claimed_rank, **fields)
 
     def body(self) -> dict:
-        return {k: v for k, v in asdict(self).items() if v is not None and v != "" or k == "claimed_rank"}
+        body = {k: v for k, v in asdict(self).items() if v is not None and v != "" or k == "claimed_rank"}
+        body["versions"] = _versions()
+        return body
+
+
+def _versions() -> dict:
+    """What this rank runs, for the coordinator's report (mismatched builds are a classic)."""
+    import importlib.metadata
+    import platform
+
+    out = {"python": platform.python_version()}
+    for dist in ("rankscope", "mindspore", "numpy", "pyzmq"):
+        try:
+            out[dist] = importlib.metadata.version(dist)
+        except Exception:  # not installed (or broken metadata): leave it out
+            pass
+    return out
 
 
 class AgentClient:

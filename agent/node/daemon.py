@@ -271,6 +271,8 @@ class NodeAgent:
         body = {"host": entry.host, "pid": entry.pid, "claimed_rank": entry.claimed_rank,
                 "world_size": entry.world_size, "dp_index": entry.dp_index, "device_id": entry.device_id,
                 "local_rank": entry.local_rank, "label": entry.label, "assigned_rank": entry.assigned_rank}
+        if "versions" in entry.extra:
+            body["versions"] = entry.extra["versions"]
         # src "rank:<id>" is how the coordinator reads the id of a registration.
         self._up_own(protocol.REGISTER, entry.job, body, src=f"rank:{entry.assigned_rank}")
 

@@ -113,6 +113,8 @@ class RankRegistry:
                           registered_at=self._clock(),
                           prefer=_non_negative(info.get("assigned_rank")),
                           **{k: info[k] for k in _INFO_FIELDS if info.get(k) is not None})
+        if isinstance(info.get("versions"), dict):
+            entry.extra["versions"] = info["versions"]
         self._entries[key] = entry
         self._by_identity[identity] = entry
         self._pending_since.setdefault(job, entry.registered_at)
