@@ -179,9 +179,11 @@ def step_times(args: argparse.Namespace, tmp: Path) -> dict:
     # Short blocks, modes interleaved, many rounds: on a shared machine the load drifts
     # within seconds, so each mode must sample the same moments.
     block = 10
-    for _ in range(max(1, args.repeats * args.timing_steps // block)):
-        for mode, sink in modes.items():
-            samples[mode].append(run(mode, sink, block))
+    names_order = list(modes)
+    for r in range(max(1, args.repeats * args.timing_steps // block)):
+        # Rotate the order every round so no mode always runs right after another.
+        for mode in names_order[r % 3:] + names_order[:r % 3]:
+            samples[mode].append(run(mode, modes[mode], block))
     # The steady state with the agent down: the queue is full and each emit is a counted drop.
     out = StepOutput(b.build("bench", 0, 0), "rank0")
     out.batch.new_names = {}
