@@ -41,6 +41,9 @@ class Sentinels:
         self._loss_recorded = False
         self._snapshot_taken = False
         self._layouts: "weakref.WeakKeyDictionary[Any, tuple]" = weakref.WeakKeyDictionary()
+        #: Optimizers actually called: only these are snapshotted (an attach-time scan
+        #: also finds abandoned ones that the garbage collector has not freed yet).
+        self.stepping: "weakref.WeakSet[Any]" = weakref.WeakSet()
         self.optimizers: "weakref.WeakSet[Any]" = weakref.WeakSet()
         self.grad_fns_seen = 0
         #: Called with (fn, weights) when a value_and_grad/grad function is created:
@@ -86,7 +89,7 @@ class Sentinels:
         self._snapshot_taken = False
         self.rec.param_cache.clear()
 
-    def snapshot(self) -> None:
+    def snapshot(self, only: Any = None) -> None:
         """PARAM + OPT_STATE rows (CRC-32 + stats) as the step starts.
 
         Taken at the first of: ``start()``, the root model's forward, the optimizer call
@@ -94,14 +97,15 @@ class Sentinels:
         (nearly) empty because loops read the loss at step end, whereas at the optimizer
         call it holds the whole backward. Parameter stats are kept for L0 to reuse.
         """
-        if not self.enabled or not self.record or self._snapshot_taken:
+        if not self.enabled or not self.record or (self._snapshot_taken and only is None):
             return
-        if not any(True for _ in self.optimizers):
-            return  # no optimizer (yet): nothing updates parameters in place
-        self._snapshot_taken = True
+        if not any(True for _ in self.stepping):
+            return  # no optimizer has run yet: the optimizer call takes the snapshot
+        if only is None:
+            self._snapshot_taken = True
         r = self.rec
         r.resolve()  # keep record order: everything queued goes first
-        for opt in list(self.optimizers):
+        for opt in [only] if only is not None else list(self.stepping):
             params, state = self._layout_of(opt)
             for name, p in params:
                 st = r.stats(p, crc=True)
@@ -152,7 +156,11 @@ class Sentinels:
             return None
         r = self.rec
         try:
-            if self.record and not self._snapshot_taken:
+            if opt not in self.stepping:  # first call of this optimizer: snapshot it now
+                self.stepping.add(opt)
+                self.snapshot(only=opt)
+                self._snapshot_taken = True
+            elif self.record and not self._snapshot_taken:
                 self.snapshot()  # nothing marked the step start: take it now
             if r.has_unread_params():
                 r.resolve()  # the optimizer updates parameters in place next
