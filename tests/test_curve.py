@@ -196,3 +196,25 @@ def test_agent_cli_accepts_host_port_and_names_a_bad_listen_endpoint(tmp_path):
     # A listen endpoint that cannot be bound: exit status 2 and a message, no traceback.
     assert daemon_cli.main(["--listen", f"ipc://{tmp_path}/no/such/dir/a.sock", "--spool", str(tmp_path / "s"),
                             "--bundle-dir", str(tmp_path / "b")]) == 2
+
+
+def test_agent_listening_off_loopback_admits_only_allowlisted_ranks(tmp_path, keys):
+    from agent.client import AgentClient, RankClaim
+    from agent.control import StepGate
+
+    assert keys_cli.main(["new", "rank", "--dir", str(keys)]) == 0
+    assert keys_cli.main(["allow", str(keys / "rank.key"), "--allow-dir", str(keys / "ranks")]) == 0
+    port = free_port()
+    agent, _ = start_agent(tmp_path, None, "--curve-secret", str(keys / "coordinator.key_secret"),
+                           "--allow-dir", str(keys / "ranks"), listen=f"tcp://0.0.0.0:{port}")
+    ep = f"tcp://127.0.0.1:{port}"
+    good = AgentClient(ep, "j", StepGate(), curve=CurveKeys.from_files(
+        keys / "rank.key_secret", server_public_file=keys / "coordinator.key"))
+    stranger = AgentClient(ep, "j", StepGate(), curve=_client(keys, "stranger"))
+    try:
+        assert good.register(RankClaim.here(4, world_size=1), timeout=10.0) == 4
+        assert stranger.register(RankClaim.here(5, world_size=1), timeout=3.0) is None
+    finally:
+        good.close(timeout=0.5)
+        stranger.close(timeout=0.5)
+        stop(agent)
