@@ -389,3 +389,20 @@ def test_spool_outlives_the_agent_and_is_replayed_by_the_next_one(tmp_path):
     finally:
         stop(rank)
         stop(proc)
+
+
+def test_export_after_a_rank_finished_still_gets_its_bundle(tmp_path, coord, agent):
+    _, endpoint = agent
+    rank = start_rank(endpoint, "--claim", "1", "--world-size", "1", "--steps", "4")
+    try:
+        assert rank.wait(30) == 0
+        coord.wait_for(lambda m: m.type == protocol.STATUS and m.body["what"] == "finished")
+    finally:
+        stop(rank)
+    coord.control("export", incident="late", args={"transfer": "late"})
+    finals = coord.wait_for(lambda m: m.type == protocol.BUNDLE_CHUNK and m.body["final"]
+                            and m.body["path"] == "rdr/rank_finished.json")
+    assert finals[0].body["rank"] == 1 and finals[0].body["on_behalf"] is True
+    batches, _ = load_steps((tmp_path / "bundles" / "j" / "rank_1" / "rdr" / "flight_recorder_steps.msgpack")
+                            .read_bytes())
+    assert [b.step for b in batches] == [0, 1, 2, 3]

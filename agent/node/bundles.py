@@ -35,6 +35,7 @@ class RankBundles:
         self.k = k
         self._recorders: dict[tuple[str, int], FlightRecorder] = {}
         self.written: dict[tuple[str, int], Path] = {}
+        self._finished: list[tuple[str, int]] = []  # oldest first
 
     @staticmethod
     def _key(entry: RankEntry) -> tuple[str, int]:
@@ -65,8 +66,10 @@ class RankBundles:
                  "host": entry.host, "last_step": entry.last_step, "exit_status": entry.exit_status,
                  "reason": entry.reason or reason}
         try:
+            what = "rank_finished" if entry.state.value == "finished" else "rank_lost"
+            ended["state"] = entry.state.value
             path = write_bundle(self.root / transfer_id(entry.job), rank, reason=reason, steps=rec,
-                                on_behalf=True, extra={"rank_lost": ended, "rank_map": rank_map})
+                                on_behalf=True, extra={what: ended, "rank_map": rank_map})
         except Exception:  # never let one bundle take the agent down
             log.exception("could not write the bundle of rank %s (pid %d) on its behalf", rank, entry.pid)
             return None
@@ -85,5 +88,13 @@ class RankBundles:
 
         return iter_file_chunks([path], path.parent, entry.assigned_rank, transfer_id(transfer), on_behalf=True)
 
-    def forget(self, entry: RankEntry) -> None:
-        self._recorders.pop(self._key(entry), None)
+    def retire(self, entry: RankEntry, keep: int = 64) -> None:
+        """The rank ended normally. Its ring stays for an export that comes later (an
+        incident judged after the job's last steps), but only for the last ``keep``
+        finished ranks: a long-lived agent serves many jobs."""
+        key = self._key(entry)
+        if key not in self._recorders:
+            return
+        self._finished.append(key)
+        while len(self._finished) > keep:
+            self._recorders.pop(self._finished.pop(0), None)

@@ -235,7 +235,7 @@ class NodeAgent:
                 self._lose(entry, None, f"raised: {error}")
                 return
             self.registry.finish(entry)
-            self.bundles.forget(entry)
+            self.bundles.retire(entry)
             self._up_own(protocol.STATUS, entry.job, {"what": "finished", "detail": {
                 "rank": entry.assigned_rank, "step": entry.last_step, "pid": entry.pid}})
             self._publish_map(entry.job)
@@ -307,7 +307,7 @@ class NodeAgent:
                     # The coordinator terminated it and it exited (on_terminate=exit): done.
                     e.exit_status = lost.exit_status
                     self.registry.finish(e)
-                    self.bundles.forget(e)
+                    self.bundles.retire(e)
                     self._publish_map(e.job)
                 else:
                     self._lose(e, lost.exit_status, "exited")
@@ -352,8 +352,10 @@ class NodeAgent:
         if msg.body["command"] == "export":
             args = msg.body.get("args") or {}
             transfer = str(args.get("transfer") or msg.body.get("incident") or "export")
-            for entry in self.relay.lost(self.registry, msg):
-                self._export_on_behalf(entry, transfer, "rank lost before the export")
+            for entry in self.relay.gone(self.registry, msg):
+                why = "rank lost before the export" if entry.state is RankState.LOST else \
+                    "rank had finished before the export"
+                self._export_on_behalf(entry, transfer, why)
             jobs = {msg.job} if msg.job else {e.job for e in self.registry.entries()}
             for job in jobs:
                 self._publish_map(job)

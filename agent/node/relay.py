@@ -25,12 +25,18 @@ class ControlRelay:
                 if e.state is RankState.LIVE and (not msg.job or e.job == msg.job)
                 and (target is None or e.assigned_rank == target)]
 
-    def lost(self, registry: RankRegistry, msg: Message) -> list[RankEntry]:
-        """Dead ranks addressed by ``msg``: the agent answers an export for them."""
+    def gone(self, registry: RankRegistry, msg: Message) -> list[RankEntry]:
+        """Ranks addressed by ``msg`` whose process is gone (lost or finished): the agent
+        answers an export for them. Only the newest entry per assigned id counts (a
+        restarted rank's earlier incarnation is history, not a rank of the job now)."""
         target = msg.body.get("target")
-        return [e for e in registry.entries()
-                if e.state is RankState.LOST and (not msg.job or e.job == msg.job)
-                and (target is None or e.assigned_rank == target)]
+        live = {(e.job, e.assigned_rank) for e in registry.entries() if e.state is RankState.LIVE}
+        newest: dict[tuple[str, int | None], RankEntry] = {}
+        for e in registry.entries():
+            if (e.state in (RankState.LOST, RankState.FINISHED) and (not msg.job or e.job == msg.job)
+                    and (target is None or e.assigned_rank == target) and (e.job, e.assigned_rank) not in live):
+                newest[(e.job, e.assigned_rank)] = e
+        return list(newest.values())
 
     def remember(self, msg: Message, frame: bytes) -> None:
         if msg.body.get("target") is not None:
