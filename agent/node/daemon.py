@@ -387,7 +387,7 @@ class NodeAgent:
         detail = {"host": self.host, "ranks": len(self.registry.live()), "forwarded": self.forwarded,
                   "rejected": sum(self.decoder.rejected.values()), "spool_bytes": self.uplink.spool.bytes_on_disk,
                   "spool_dropped": self.uplink.spool.dropped}
-        for job in {e.job for e in self.registry.entries()} or {self.s.job or ""}:
+        for job in {e.job for e in self.registry.live()} or {self.s.job or ""}:
             self.uplink.send_volatile(self._msg(protocol.STATUS, job, {"what": "agent", "detail": detail}))
 
 
