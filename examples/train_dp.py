@@ -15,7 +15,8 @@ attaches the probe from outside. Run it under msrun (4 CPU ranks here):
 - ``perturb_weight``: fc2's weights on that rank are nudged by 1e-3 as the step begins,
   as a bit flip or a bad optimizer step would; replicas stop being identical.
 - ``seed``: that rank initialises its model with a different seed.
-- ``kill``: that rank kills itself with SIGKILL at the start of the step.
+- ``kill``: that rank kills itself with SIGKILL in the middle of the step (after its
+  backward, before the gradient AllReduce).
 
 ``TRAIN_STEPS`` (default 12) sets the number of steps.
 """
@@ -89,9 +90,6 @@ def main() -> int:
     scale = float(os.environ.get("TRAIN_FAULT_SCALE", "50"))
 
     for step in range(steps):
-        if mine and mine[0] == "kill" and step == mine[2]:
-            print(f"rank {rank}: injecting SIGKILL at step {step}", flush=True)
-            os.kill(os.getpid(), signal.SIGKILL)
         x, y = batch_for(rank, step)
         if mine and mine[0] == "nan_batch" and step == mine[2]:
             x[3, 5] = np.nan
@@ -99,6 +97,10 @@ def main() -> int:
             w = net.fc2.weight
             w.set_data(w + ops.ones_like(w) * 1e-3)
         loss, grads = grad_fn(ms.Tensor(x), ms.Tensor(y))
+        if mine and mine[0] == "kill" and step == mine[2]:
+            # Mid-step, between backward and the AllReduce, as a crashed kernel would.
+            print(f"rank {rank}: injecting SIGKILL in step {step}", flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
         if mine and mine[0] == "scale_grad" and step == mine[2]:
             grads = tuple(g * scale for g in grads)
         grads = reducer(grads)
