@@ -105,8 +105,9 @@ def main(argv: list[str] | None = None) -> int:
     thr: dict[str, list[float]] = {m: [] for m in modes}
     root = tempfile.mkdtemp(prefix="rankscope-bench-")
     try:
-        for _ in range(args.rounds):
-            for m in modes:
+        for r in range(args.rounds):
+            # rotate the order every round so no mode always follows the same one
+            for m in modes[r % len(modes):] + modes[:r % len(modes)]:
                 wall, cpus, threads = run_mode(m, args.steps, root, data)
                 samples[m] += wall
                 cpu[m] += cpus
