@@ -108,11 +108,11 @@ class Sentinels:
         for opt in [only] if only is not None else list(self.stepping):
             params, state = self._layout_of(opt)
             for name, p in params:
-                st = r.stats(p, crc=True)
+                st = _stats_crc_later(p)
                 r.param_cache[id(p)] = st
-                r.row_now(f"Sentinel.param.{name}", Kind.PARAM, st)
+                r.row_known(f"Sentinel.param.{name}", Kind.PARAM, st)
             for name, p in state:
-                r.row_now(f"Sentinel.opt_state.{name}", Kind.OPT_STATE, r.stats(p, crc=True))
+                r.row_known(f"Sentinel.opt_state.{name}", Kind.OPT_STATE, _stats_crc_later(p))
 
     def _layout_of(self, opt: Any) -> tuple[list[tuple[str, Any]], list[tuple[str, Any]]]:
         """(model parameters, optimizer state) as (name, tensor) pairs, cached: reading
@@ -218,6 +218,15 @@ class Sentinels:
 _active: list[Sentinels] = []
 _patches: list[tuple[Any, str, Any]] = []
 _reducer_names: "weakref.WeakKeyDictionary[Any, list[str]]" = weakref.WeakKeyDictionary()
+
+
+def _stats_crc_later(p: Any) -> Any:
+    """Stats now (cheap), CRC-32 of a copy on the helper thread (see crc32_later)."""
+    from agent.stats import array_stats, crc32_later, to_numpy
+    arr, dtype_name = to_numpy(p)
+    st = array_stats(arr, dtype_name)
+    st.crc = crc32_later(arr)
+    return st
 
 
 def _current() -> Sentinels | None:

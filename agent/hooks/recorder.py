@@ -112,9 +112,10 @@ class Recorder:
         self._pending.append((name, kind, None, False, entry, st))
         return entry
 
-    def row_now(self, name: str, kind: Kind, st: TensorStats) -> None:
-        """Append a row at once; callers resolve() first so record order holds."""
-        self.builder.add(name, kind, st.row(), st.nan, st.inf, st.numel, st.crc)
+    def row_known(self, name: str, kind: Kind, st: TensorStats) -> None:
+        """Queue a streamed row whose stats are known; ``st.crc`` may be a Future
+        (agent.stats.crc32_later), joined when the row is resolved."""
+        self._pending.append((name, kind, None, False, None, st))
 
     def has_unread_params(self) -> bool:
         """Queued parameter records still to be read (before an optimizer changes them)."""
@@ -146,6 +147,8 @@ class Recorder:
             try:
                 if st is None:
                     st = on_device.get(idx) or tensor_stats(value, crc)
+                elif not isinstance(st.crc, int):  # a CRC still being computed
+                    st.crc = st.crc.result()
                 self.builder.add(name, kind, st.row(), st.nan, st.inf, st.numel, st.crc)
                 if entry is not None:
                     data_name = self._save_tensor(name, value) if self.task == "tensor" and value is not None \
