@@ -5,13 +5,14 @@ each stays small; nothing here knows about steps or ranks.
 """
 from __future__ import annotations
 
+from agent.atomic import atomic_write_bytes as _atomic_write_bytes
+
 import csv
 import hashlib
 import io
 import json
 import json.encoder as _json_encoder
 import os
-import threading
 from pathlib import Path
 from typing import Any, Callable
 
@@ -36,21 +37,7 @@ def _json_default(obj: Any) -> Any:
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     """Write ``data`` to ``path`` via a temp file in the same directory and a rename."""
-    path = os.fspath(path)
-    head, name = os.path.split(path)
-    if len(name.encode("utf-8")) > 200:  # the temp name must fit in 255 bytes as well
-        name = hashlib.sha1(name.encode("utf-8")).hexdigest()
-    tmp = os.path.join(head, f".{name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    try:
-        with open(tmp, "wb") as fh:
-            fh.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    _atomic_write_bytes(path, data)
 
 
 def _make_encode() -> Callable[[Any], str]:

@@ -12,6 +12,8 @@ coordinator.key``. Only public keys go into an allowlist; secret files are creat
 """
 from __future__ import annotations
 
+from agent.atomic import atomic_write_bytes
+
 import argparse
 import os
 import re
@@ -73,9 +75,7 @@ def cmd_allow(args: argparse.Namespace) -> int:
         if dest.exists() and _load_public(dest) != key:
             raise SystemExit(f"rankscope keys allow: {dest} already holds a different key; rename {f}")
         # Write only the public part: a certificate file may carry more than we want to spread.
-        tmp = allow / f".{dest.name}.tmp"
-        tmp.write_text(_PUBLIC_CERT.format(source=f.name, key=key.decode()))
-        os.replace(tmp, dest)
+        atomic_write_bytes(dest, _PUBLIC_CERT.format(source=f.name, key=key.decode()).encode())
         print(f"allowed {key.decode()} ({dest})")
     return 0
 

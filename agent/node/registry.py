@@ -17,10 +17,10 @@ Pure logic plus :func:`write_rank_map`; the daemon drives it with a clock.
 """
 from __future__ import annotations
 
+from agent.atomic import atomic_write_bytes
+
 import enum
 import json
-import os
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -208,15 +208,6 @@ def write_rank_map(path: str | Path, rows: Iterable[dict]) -> Path:
     """Atomically (temp + rename) write ``rank_map.json``."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".rank_map.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as fh:
-            json.dump({"format": "rankscope-rank-map/1", "entries": list(rows)}, fh, indent=1)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    doc = {"format": "rankscope-rank-map/1", "entries": list(rows)}
+    atomic_write_bytes(path, json.dumps(doc, indent=1).encode("utf-8"))
     return path

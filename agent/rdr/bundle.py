@@ -14,6 +14,8 @@ how the node agent's on-behalf bundle for a segfaulted rank includes those stack
 """
 from __future__ import annotations
 
+from agent.atomic import atomic_write_bytes
+
 import errno
 import hashlib
 import json
@@ -101,19 +103,8 @@ def reserve_bundle_dir(root: str | os.PathLike, rank: int | str) -> Path:
 
 
 def atomic_write(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            tmp.unlink()
-        except OSError:
-            pass
-        raise
+    # fsync: a bundle is written because the process is dying; it must reach the disk.
+    atomic_write_bytes(path, data, fsync=True)
 
 
 class _Writer:

@@ -7,6 +7,8 @@ user-facing summary DESIGN.md promises; it is written once the bundles are in.
 """
 from __future__ import annotations
 
+from agent.atomic import atomic_write_bytes
+
 import datetime as _dt
 import json
 import logging
@@ -39,13 +41,9 @@ def _clean(obj: Any) -> Any:
 
 def _atomic_json(path: Path, obj: Any) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        # Strict JSON (browsers and jq reject NaN): whatever a detector put in evidence.
-        json.dump(_clean(obj), fh, indent=2, sort_keys=False, allow_nan=False, default=str)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    # Strict JSON (browsers and jq reject NaN): whatever a detector put in evidence.
+    text = json.dumps(_clean(obj), indent=2, sort_keys=False, allow_nan=False, default=str)
+    atomic_write_bytes(path, text.encode("utf-8"), fsync=True)
 
 
 def iso(epoch: float) -> str:
