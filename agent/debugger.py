@@ -234,7 +234,10 @@ class PrecisionDebugger:
             return None
 
     def _on_token(self, index: int, in_range: bool) -> None:
-        self.recorder.token = index
+        # A step's batch carries its *first* in-range token: the coordinator adds a
+        # record's call index (``...forward.<n>``) to it to name the exact token.
+        if in_range and self.recorder.token < 0:
+            self.recorder.token = index
         self._update_dumping()
 
     def _update_dumping(self) -> None:
@@ -325,6 +328,7 @@ class PrecisionDebugger:
             entries, stacks, construct = r.take()
             batch = r.builder.build(self.job, self.rank if self.rank is not None else -1, step,
                                     token=r.token, wall_time=time.time())
+            r.token = -1
             out = StepOutput(batch=batch, rank_label=self._label, entries=entries, stacks=stacks,
                              construct=construct,
                              dump_selected=self.config.step_selected(step) and self.config.rank_selected(self.rank)

@@ -140,3 +140,23 @@ def test_preferred_id_zero_is_honoured():
     reg.claim(b"b", "j", _info(2, 0, dp_index=0, assigned_rank=1))
     clock.t = 1
     assert {e.pid: e.assigned_rank for e in reg.due()} == {1: 0, 2: 1}
+
+
+@pytest.mark.parametrize("end, reused", [("finish", False), ("lose", True)])
+def test_a_finished_rank_keeps_its_id_a_lost_one_can_be_restarted(end, reused):
+    # A DP worker that finished cleanly still owns its dump folder: a late sibling that
+    # also says rank 0 must not get it. A crashed rank's restart takes its id back.
+    clock = Clock()
+    reg = RankRegistry(settle_s=0.5, clock=clock)
+    first = reg.claim(b"a", "j", _info(10, 0))
+    clock.t = 0.5
+    assert [e.assigned_rank for e in reg.due()] == [0]
+    if end == "finish":
+        reg.finish(first)
+    else:
+        reg.lose(first, -9, "killed")
+    reg.claim(b"b", "j", _info(11, 0))
+    clock.t = 1.0
+    (late,) = reg.due()
+    assert (late.assigned_rank == 0) is reused
+    assert late.remapped is (not reused)

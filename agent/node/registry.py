@@ -4,7 +4,9 @@ Data-parallel inference workers (SGLang/vLLM style) all call themselves rank 0. 
 dump folders would collide, and the coordinator could not tell them apart. The registry
 gives every live process of a job a unique id:
 
-- a claim nobody else (alive) holds is kept as is;
+- a claim nobody else holds is kept as is; "holds" means alive, or finished cleanly:
+  a process that finished keeps its id for the job (a later worker claiming it would
+  write into its dump folder), while a *lost* rank's id may be taken by its restart;
 - claimants of one id are ordered by (DP index, device id, pid) -- what they report,
   so the order does not depend on who connected first -- the first keeps the id, the
   others get the lowest ids that no process claims or ever held.
@@ -143,7 +145,7 @@ class RankRegistry:
     def _assign(self, job: str) -> list[RankEntry]:
         entries = self.entries(job)
         pending = sorted((e for e in entries if e.state is RankState.PENDING), key=RankEntry.sort_key)
-        held = {e.assigned_rank for e in entries if e.state is RankState.LIVE}
+        held = {e.assigned_rank for e in entries if e.state in (RankState.LIVE, RankState.FINISHED)}
         ever = self._ever_assigned.setdefault(job, set())
         claimed = {e.wanted for e in pending if e.wanted is not None}
         blocked = held | ever | claimed
