@@ -31,9 +31,8 @@ TOKENS = 5
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _pynative_cpu():
-    ms.set_context(mode=ms.PYNATIVE_MODE)
-    ms.set_device("CPU")
+def _pynative_cpu(pynative_cpu):
+    return pynative_cpu
 
 
 def run_worker(worker: int, spec: str | None, tokens: int = TOKENS) -> tuple[np.ndarray, list[dict]]:

@@ -42,9 +42,8 @@ class Capture:
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _pynative_cpu():
-    ms.set_context(mode=ms.PYNATIVE_MODE)
-    ms.set_device("CPU")
+def _pynative_cpu(pynative_cpu):
+    return pynative_cpu
 
 
 @pytest.fixture(scope="module")

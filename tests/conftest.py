@@ -1,0 +1,22 @@
+"""Fixtures shared across test modules."""
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture(scope="module")
+def pynative_cpu():
+    """PyNative mode on CPU for in-process MindSpore tests.
+
+    MindSpore lets a process choose its device once, before the runtime starts; in one
+    pytest process an earlier module has usually started it already (on CPU, the only
+    device here), and a second ``set_device`` raises. Set it only while it is still free.
+    """
+    import mindspore as ms
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    try:
+        ms.set_device("CPU")
+    except RuntimeError:
+        if ms.get_context("device_target") != "CPU":
+            raise
+    return ms
