@@ -71,6 +71,10 @@ class ClusterConfig:
     deadline_s: float = 30.0
     flight_recorder_steps: int = 8
     dp_index: int | None = None
+    #: Coordinator-side limits; validated here too so one config.json serves both.
+    pause_timeout_s: float = 30.0
+    export_timeout_s: float = 120.0
+    max_pending_steps: int = 64
     #: Passed through untouched: the coordinator owns their schema and validates them.
     detectors: dict = field(default_factory=dict)
     watchpoints: list = field(default_factory=list)
@@ -226,12 +230,12 @@ def parse_cluster(section: Any) -> ClusterConfig:
             _choice(value, fname, ON_DIVERGENCE)
         elif key == "on_terminate":
             _choice(value, fname, ON_TERMINATE)
-        elif key == "deadline_s":
+        elif key in ("deadline_s", "pause_timeout_s", "export_timeout_s"):
             if isinstance(value, bool) or not isinstance(value, (int, float)) \
                     or not math.isfinite(value) or value <= 0:
                 raise ConfigError(fname, value, "expected a positive number of seconds")
             value = float(value)
-        elif key == "flight_recorder_steps":
+        elif key in ("flight_recorder_steps", "max_pending_steps"):
             if not _is_int(value) or value < 1:
                 raise ConfigError(fname, value, "expected an integer >= 1")
         elif key == "dp_index":
