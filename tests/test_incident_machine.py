@@ -220,3 +220,25 @@ def test_after_a_resume_the_next_incident_waits_for_a_real_pause(tmp_path) -> No
     feed_step(core, clock, batches)  # a second incident, before any heartbeat said "running"
     assert [a.kind for a in core.take_actions()] == [ActionKind.PAUSE]
     assert [i["state"] for i in core.incidents()] == ["resumed", "pausing"]
+
+
+def test_restart_in_the_middle_of_an_export_still_waits_for_every_bundle(tmp_path) -> None:
+    # After a restart no rank has been seen yet; the incident's own snapshot of the ranks
+    # at the pause must keep it waiting instead of declaring the export complete at once.
+    clock = FakeClock()
+    core = CoordinatorCore({}, clock=clock, export_dir=tmp_path)
+    sim = SyntheticTraining(ranks=4, tensors=16, seed=4)
+    _job(core, clock, 4, 1, sim)
+    iid = core.take_actions()[0].incident_id
+    clock.advance(core.settings.pause_timeout_s)
+    core.tick()
+    assert [a.kind for a in core.take_actions()] == [ActionKind.EXPORT]
+    core.on_bundle(iid, 2, "/x/rank_2")
+
+    again = CoordinatorCore({}, clock=clock, export_dir=tmp_path)
+    again.tick()
+    assert again.incidents()[0]["state"] == "exporting" and again.take_actions() == []
+    for r in (0, 1, 3):
+        again.on_bundle(iid, r, f"/x/rank_{r}")
+    again.tick()
+    assert [a.kind for a in again.take_actions()] == [ActionKind.WRITE_INCIDENT]

@@ -114,6 +114,9 @@ class IncidentBook:
             elif inc.state is IncidentState.EXPORTING:
                 # Lost ranks too: their node agent sends the bundle on their behalf.
                 want = {r.rank for r in self._job_ranks(inc.job) if r.state is not RankState.EXPECTED}
+                # After a coordinator restart no rank has been seen yet: the snapshot taken
+                # at the pause still says whose bundles this incident is waiting for.
+                want |= set(inc.ranks)
                 if want <= set(inc.bundles):
                     self.fire(inc, IncidentEvent.BUNDLES_RECEIVED)
                 elif now - since >= self.settings.export_timeout_s:
