@@ -40,7 +40,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--on-divergence", choices=ACTIONS,
                    help="what to do at the first divergence (default: the config's, else pause)")
     p.add_argument("--address", help="Ray cluster to join (default: start a local Ray)")
-    p.add_argument("--job", help="job id (default: generated)")
+    p.add_argument("--job", help="job id (default: generated; required with --agent, the same on every node)")
+    p.add_argument("--agent", metavar="ENDPOINT",
+                   help="multi-node: attach ranks to the node agent already running on this host "
+                        "(started by srun, systemd or the DaemonSet) instead of starting a coordinator "
+                        "and an agent; the verdict is then the cluster coordinator's (rankscope status)")
     p.add_argument("--quiet", action="store_true", help="no progress lines, only the verdict")
     p.add_argument("--grace", type=float, default=10.0,
                    help="seconds to let a terminated job exit on its own before its process tree is "
@@ -125,7 +129,8 @@ class Launch:
         return listen
 
     def run_command(self, agent_endpoint: str) -> int:
-        import ray
+        if self.coordinator is not None:
+            import ray
         settings = AttachSettings(job=self.job, agent_endpoint=agent_endpoint,
                                   dump_path=self.export_dir / "local_dump", config_path=self.args.config,
                                   on_terminate=self.cluster.get("on_terminate", "raise"))
@@ -141,6 +146,9 @@ class Launch:
         progress = ProgressPrinter(self.say)
         killed_at: float | None = None
         while self.cmd_proc.poll() is None:
+            if self.coordinator is None:  # --agent: the cluster's coordinator reports
+                time.sleep(0.5)
+                continue
             try:
                 status = ray.get(self.coordinator.status.remote(), timeout=10)
             except Exception as exc:  # a slow status must not stop the launch
@@ -159,6 +167,10 @@ class Launch:
 
     # --- finish ----------------------------------------------------------------
     def finish(self, rc: int) -> int:
+        if self.coordinator is None:
+            self.say(f"command exited with {rc}; the cluster coordinator holds any verdict "
+                     f"(rankscope status --job {self.job})")
+            return rc
         import ray
         incidents = ray.get(self.coordinator.drain.remote(30.0), timeout=120)
         if not incidents:
@@ -187,6 +199,9 @@ class Launch:
                 self.agent_proc.wait(10)
             except subprocess.TimeoutExpired:
                 self.agent_proc.kill()
+        if self.coordinator is None and not self.started_ray:
+            shutil.rmtree(self.runtime_dir, ignore_errors=True)
+            return
         try:
             import ray
             if self.coordinator is not None:
@@ -209,6 +224,8 @@ def main(argv: list[str]) -> int:
     args.cmd = cmd
     if args.config is not None:
         args.config = args.config.resolve()
+    if args.agent and not args.job:
+        build_parser().error("--agent needs --job: every node's ranks must report under one job id")
     cluster = load_cluster_section(args.config, args.on_divergence)
     args.export_dir.mkdir(parents=True, exist_ok=True)
     launch = Launch(args, cluster)
@@ -218,8 +235,11 @@ def main(argv: list[str]) -> int:
         raise KeyboardInterrupt
     signal.signal(signal.SIGTERM, _on_signal)
     try:
-        endpoint = launch.start_coordinator()
-        agent_endpoint = launch.start_agent(endpoint)
+        if args.agent:
+            agent_endpoint = args.agent
+            launch.say(f"attaching ranks to this host's node agent at {agent_endpoint} (job {launch.job})")
+        else:
+            agent_endpoint = launch.start_agent(launch.start_coordinator())
         rc = launch.run_command(agent_endpoint)
         return launch.finish(rc)
     except KeyboardInterrupt:

@@ -93,3 +93,23 @@ def test_verdict_names_rank_step_tensor_and_report():
                            "bundles": {"0": "a", "2": "b"}, "ties": [], "evidence": {"rule": "nan_count > 0"}})
     assert "rank 2 diverged first" in text and "step     : 4" in text
     assert "/x/incidents/abc/report.html" in text and "rank 0, rank 2" in text and "nan_count > 0" in text
+
+
+def test_agent_mode_joins_the_hosts_agent_and_returns_the_command_status(tmp_path):
+    # Multi-node (Slurm, bare metal, k8s): no Ray, no coordinator, no agent of its own;
+    # the ranks get the host agent's endpoint and the job id every node shares.
+    code = ("import os, sys; print(os.environ['RANKSCOPE_AGENT'], os.environ['RANKSCOPE_JOB'], "
+            "os.environ['RANKSCOPE_ATTACH']); sys.exit(3)")
+    out = subprocess.run([sys.executable, "-m", "coordinator.cli", "launch", "--agent", "ipc:///run/x.sock",
+                          "--job", "j42", "--export-dir", str(tmp_path), "--", sys.executable, "-c", code],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 3, out.stderr
+    assert "ipc:///run/x.sock j42 1" in out.stdout
+    assert "coordinator up" not in out.stdout and "node agent listening" not in out.stdout
+    assert "attaching ranks to this host's node agent" in out.stdout
+
+
+def test_agent_mode_requires_a_shared_job_id(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "coordinator.cli", "launch", "--agent", "ipc:///run/x.sock",
+                          "--", "true"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "--agent needs --job" in out.stderr
