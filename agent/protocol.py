@@ -20,7 +20,7 @@ import collections
 import logging
 import math
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any
 
 import msgpack
 import numpy as np
@@ -295,8 +295,8 @@ def step_from_message(msg: Message) -> StepBatch:
 
 
 class SeqCounter:
-    """Per-sender sequence numbers; plain int increments are atomic enough under the GIL
-    only for one thread, so senders keep one counter per sending thread or lock."""
+    """Per-sender sequence numbers. Not thread-safe: each sending thread owns its counter
+    (a sender's frames leave from one I/O thread, which also keeps them in order)."""
 
     def __init__(self, start: int = 0) -> None:
         self._next = start
@@ -341,8 +341,3 @@ def ack_message(replay: ReplayFilter, seq: int, job: str = "", src: str = "coord
     high-water marks ("job|src" -> seq). The agent then trims those frames from its spool
     instead of keeping them for its age-based replay window."""
     return Message(STATUS, job, src, seq, {"what": "ack", "detail": {"high": replay.state()}})
-
-
-def iter_chunks(data: bytes, size: int = BUNDLE_CHUNK_BYTES) -> Iterable[tuple[int, bytes]]:
-    for off in range(0, max(len(data), 1), size):
-        yield off, data[off:off + size]

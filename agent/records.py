@@ -175,6 +175,7 @@ class NameTable:
 
     def __init__(self) -> None:
         self._ids: dict[str, int] = {}
+        self._by_id: list[str] = []
         self._unsent: dict[int, str] = {}
         self._lock = threading.Lock()
 
@@ -182,8 +183,11 @@ class NameTable:
         nid = self._ids.get(name)
         if nid is None:
             with self._lock:
-                nid = self._ids.setdefault(name, len(self._ids))
-                self._unsent[nid] = name
+                nid = self._ids.get(name)
+                if nid is None:  # another thread may have added it meanwhile
+                    nid = self._ids[name] = len(self._by_id)
+                    self._by_id.append(name)
+                    self._unsent[nid] = name
         return nid
 
     def take_new(self) -> dict[int, str]:
@@ -191,16 +195,13 @@ class NameTable:
             new, self._unsent = self._unsent, {}
         return new
 
+    def name(self, nid: int) -> str:
+        return self._by_id[nid]
+
     def resend_all(self) -> None:
         """After a reconnect the receiver may have lost the table: send every name again."""
         with self._lock:
             self._unsent = {nid: name for name, nid in self._ids.items()}
-
-    def name(self, nid: int) -> str:
-        for name, i in self._ids.items():
-            if i == nid:
-                return name
-        raise KeyError(nid)
 
 
 @dataclass
