@@ -91,3 +91,18 @@ def get_coordinator(name: str = DEFAULT_NAME, namespace: str = DEFAULT_NAMESPACE
     except ValueError:
         raise ValueError(f"no coordinator actor named {name!r} in Ray namespace {namespace!r}; "
                          "start one with `rankscope coordinator` or `rankscope launch`") from None
+
+
+def stop_coordinator(handle: "ray.actor.ActorHandle", timeout_s: float = 30.0) -> None:
+    """Let the actor close its sockets and flush incident state, then kill it.
+
+    Never raises: it runs in ``finally`` blocks, where the actor may already be gone.
+    """
+    try:
+        ray.get(handle.shutdown.remote(), timeout=timeout_s)
+    except Exception:  # noqa: BLE001 - already dead or unreachable: kill it anyway
+        pass
+    try:
+        ray.kill(handle)
+    except Exception:  # noqa: BLE001
+        pass

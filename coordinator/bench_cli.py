@@ -141,7 +141,7 @@ def run_ingest(ranks: int, tensors: int, steps: int, *, nodes: int | None = None
                export_dir: str | None = None, timeout_s: float = 300.0, log=print) -> dict:
     import ray
 
-    from coordinator.actor import start_coordinator
+    from coordinator.actor import start_coordinator, stop_coordinator
 
     if steps < 2 or ranks < 1 or tensors < 3:
         raise ValueError(f"need steps >= 2, ranks >= 1, tensors >= 3 (got {steps}, {ranks}, {tensors})")
@@ -211,11 +211,7 @@ def run_ingest(ranks: int, tensors: int, steps: int, *, nodes: int | None = None
         out["vs_inprocess"] = round(out["records_per_s"] / base, 3)
         return out
     finally:
-        try:
-            ray.get(coord.shutdown.remote(), timeout=30)
-            ray.kill(coord)
-        except Exception:
-            pass
+        stop_coordinator(coord)
         if started_ray:
             ray.shutdown()
 

@@ -204,11 +204,10 @@ class Launch:
             return
         try:
             import ray
+            from coordinator.actor import stop_coordinator
             if self.coordinator is not None:
-                try:
-                    ray.get(self.coordinator.shutdown.remote(), timeout=10)
-                except Exception:
-                    pass
+                # Killed too: on a shared cluster (--address) the per-job actor must not linger.
+                stop_coordinator(self.coordinator, timeout_s=10)
             if self.started_ray and ray.is_initialized():
                 ray.shutdown()
         except ImportError:

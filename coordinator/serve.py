@@ -98,7 +98,7 @@ def main(argv: list[str]) -> int:
     curve = curve_keys(args.curve_secret, args.allow_dir)
     import ray
 
-    from coordinator.actor import start_coordinator
+    from coordinator.actor import start_coordinator, stop_coordinator
     connect_ray(args.address, args.namespace, args.detached)
     # Ours, not Ray's (which exits at once): stop the actor cleanly. Installed before the
     # endpoint is announced, so a supervisor that signals right after sees a clean stop.
@@ -127,9 +127,5 @@ def main(argv: list[str]) -> int:
                 print(f"rankscope coordinator: actor unreachable: {exc}", file=sys.stderr)
                 return 1
     finally:
-        try:
-            ray.get(handle.shutdown.remote(), timeout=30)
-            ray.kill(handle)
-        except Exception:
-            pass
+        stop_coordinator(handle)
     return 0
