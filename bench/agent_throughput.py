@@ -1,4 +1,4 @@
-"""Node-agent figures (issue 3): records/s through one agent, and the step time a rank
+"""Node-agent figures: records/s through one agent, and the step time a rank
 pays when the agent is down.
 
     .venv/bin/python bench/agent_throughput.py [--ranks 4 --tensors 256 --steps 400 --repeats 3]
@@ -34,8 +34,8 @@ sys.path.insert(0, str(ROOT))
 def role_coordinator(args: argparse.Namespace) -> int:
     import zmq
 
-    from agent import protocol
-    from agent.transport import bind_router
+    from rankscope.wire import protocol
+    from rankscope.wire.transport import bind_router
 
     ctx = zmq.Context()
     sock, ep = bind_router(ctx, "tcp://127.0.0.1:0")
@@ -71,7 +71,7 @@ def role_coordinator(args: argparse.Namespace) -> int:
 
 
 def _builder(tensors: int):
-    from agent.records import Kind, NameTable, StepBatchBuilder
+    from rankscope.wire.records import Kind, NameTable, StepBatchBuilder
 
     b = StepBatchBuilder(NameTable())
     names = [f"Cell.block{i // 8}.layer{i % 8}.Dense.forward.0" for i in range(tensors)]
@@ -79,9 +79,9 @@ def _builder(tensors: int):
 
 
 def role_rank(args: argparse.Namespace) -> int:
-    from agent.client import AgentClient, RankClaim
-    from agent.control import StepGate
-    from agent.records import StepOutput
+    from rankscope.client.agent_client import AgentClient, RankClaim
+    from rankscope.probe.gate import StepGate
+    from rankscope.wire.records import StepOutput
 
     # Build every step first: the figure is about the wire and the agent, not the probe.
     b, names, kind = _builder(args.tensors)
@@ -122,7 +122,7 @@ def throughput(args: argparse.Namespace, via_agent: bool, tmp: Path) -> dict:
     if via_agent:
         run = tmp / f"a{time.monotonic_ns()}"
         run.mkdir()
-        agent = _spawn("-m", "coordinator.cli", "agent", "--listen", f"ipc://{run}/agent.sock",
+        agent = _spawn("-m", "rankscope.cli", "agent", "--listen", f"ipc://{run}/agent.sock",
                        "--coordinator", coord_ep, "--spool", str(run / "spool"), "--bundle-dir", str(run / "b"),
                        "--log-level", "WARNING")
         endpoint = agent.stdout.readline().strip().rsplit(" ", 1)[-1]
@@ -149,9 +149,9 @@ def throughput(args: argparse.Namespace, via_agent: bool, tmp: Path) -> dict:
 def step_times(args: argparse.Namespace, tmp: Path) -> dict:
     import numpy as np
 
-    from agent.client import AgentClient, RankClaim
-    from agent.control import StepGate
-    from agent.records import StepOutput
+    from rankscope.client.agent_client import AgentClient, RankClaim
+    from rankscope.probe.gate import StepGate
+    from rankscope.wire.records import StepOutput
 
     rng = np.random.default_rng(0)
     w = [rng.standard_normal((256, 256)).astype(np.float32) for _ in range(4)]

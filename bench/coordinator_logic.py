@@ -20,8 +20,8 @@ import time
 
 import numpy as np
 
-from coordinator.logic.core import CoordinatorCore
-from coordinator.logic.synthetic import SyntheticTraining
+from rankscope.coordinator.logic.core import CoordinatorCore
+from rankscope.coordinator.logic.synthetic import SyntheticTraining
 
 
 def run(ranks: int, tensors: int, steps: int, distinct: int = 4) -> dict:

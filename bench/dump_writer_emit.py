@@ -19,8 +19,8 @@ import statistics
 import tempfile
 import time
 
-from agent.dump_writer import DumpWriter, group_stacks
-from agent.records import StepBatch, StepOutput
+from rankscope.dump.writer import DumpWriter, group_stacks
+from rankscope.wire.records import StepBatch, StepOutput
 
 LEAF = {"type": "mindspore.Tensor", "dtype": "Float32", "shape": [64, 256], "Max": 1.2345678,
         "Min": -1.2345, "Mean": 0.001234, "Norm": 12.345678, "nan_count": 0, "inf_count": 0}

@@ -1,4 +1,4 @@
-"""Step time of a probed vs a plain training step (issue 2's benchmark).
+"""Step time of a probed vs a plain training step.
 
 4-layer MLP (Dense 256x256 x3 + a 256->10 head, ReLU), batch 64, Adam, PyNative CPU.
 Modes run in alternating rounds inside one process so machine noise hits all of them
@@ -19,9 +19,7 @@ import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-import numpy as np  # noqa: E402
+import numpy as np
 
 
 def build():
@@ -52,7 +50,7 @@ def run_mode(mode: str, steps: int, dump_root: str, data) -> tuple[list[float], 
     """(wall, process CPU, training-thread CPU) seconds per step. CPU times are far less
     disturbed by other load than wall time; the process figure counts MindSpore's backend
     threads too, the thread figure only the Python thread where every hook runs."""
-    from agent import PrecisionDebugger
+    from rankscope import PrecisionDebugger
     x, y = data
     dbg = None
     if mode != "plain":

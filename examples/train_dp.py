@@ -26,9 +26,8 @@ import os
 import signal
 import sys
 
-import numpy as np
-
 import mindspore as ms
+import numpy as np
 from mindspore import nn, ops
 from mindspore.communication import get_group_size, get_rank, init
 

@@ -1,11 +1,11 @@
 """Shared helpers for the coordinator-logic unit tests (no Ray, no sockets)."""
 from __future__ import annotations
 
-from agent.records import StepBatch
-from coordinator.logic.aligner import StepAligner, StepView
-from coordinator.logic.core import CoordinatorCore
-from coordinator.logic.settings import CoordinatorSettings
-from coordinator.logic.verdict import Verdict
+from rankscope.config.cluster import ClusterSettings
+from rankscope.coordinator.logic.aligner import StepAligner, StepView
+from rankscope.coordinator.logic.core import CoordinatorCore
+from rankscope.coordinator.logic.verdict import Verdict
+from rankscope.wire.records import StepBatch
 
 
 class FakeClock:
@@ -19,9 +19,9 @@ class FakeClock:
         self.t += dt
 
 
-def view_of(batches: list[StepBatch], settings: CoordinatorSettings | None = None) -> StepView:
+def view_of(batches: list[StepBatch], settings: ClusterSettings | None = None) -> StepView:
     """Align one step's batches and return the judged view."""
-    aligner = StepAligner(settings or CoordinatorSettings())
+    aligner = StepAligner(settings or ClusterSettings())
     for b in batches:
         aligner.ingest(b, 0.0)
     [(_, view)] = aligner.ready(0.0, force=True)
@@ -31,8 +31,8 @@ def view_of(batches: list[StepBatch], settings: CoordinatorSettings | None = Non
 class StepJudge:
     """One aligner kept across steps (names are sent once per rank, as on the wire)."""
 
-    def __init__(self, settings: CoordinatorSettings | None = None) -> None:
-        self.aligner = StepAligner(settings or CoordinatorSettings())
+    def __init__(self, settings: ClusterSettings | None = None) -> None:
+        self.aligner = StepAligner(settings or ClusterSettings())
 
     def view(self, batches: list[StepBatch]) -> StepView:
         for b in batches:

@@ -26,7 +26,7 @@ How msProbe 26.x compares MindSpore dumps (read from its source):
   result file appeared"; it also logs an unrelated "[ERROR] ... CANN environment"
   line on machines without Ascend, which is not a failure.
 
-H2 reuses :func:`run_msprobe_compare` on real PrecisionDebugger dumps.
+The debugger tests reuse :func:`run_msprobe_compare` on real PrecisionDebugger dumps.
 """
 from __future__ import annotations
 

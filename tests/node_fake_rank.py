@@ -14,10 +14,10 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from agent.client import AgentClient, RankClaim  # noqa: E402
-from agent.control import RankscopeTerminated, StepGate  # noqa: E402
-from agent.dump_writer import DumpWriter  # noqa: E402
-from agent.records import Kind, NameTable, StepBatchBuilder, StepOutput  # noqa: E402
+from rankscope.client.agent_client import AgentClient, RankClaim  # noqa: E402
+from rankscope.dump.writer import DumpWriter  # noqa: E402
+from rankscope.probe.gate import RankscopeTerminated, StepGate  # noqa: E402
+from rankscope.wire.records import Kind, NameTable, StepBatchBuilder, StepOutput  # noqa: E402
 
 
 def say(**doc) -> None:

@@ -1,10 +1,10 @@
 """Real processes on real sockets for the node-agent tests.
 
-- :class:`FakeCoordinator`: a ROUTER in the test process standing in for H5b's actor:
+- :class:`FakeCoordinator`: a ROUTER in the test process standing in for the coordinator actor:
   decodes every frame, de-duplicates by (job|src, seq) with the protocol's ReplayFilter
   (kept across a "restart", as the real coordinator's would have to be for counting),
   sends control back.
-- :func:`start_agent`: ``python -m coordinator.cli agent ...`` as a subprocess.
+- :func:`start_agent`: ``python -m rankscope.cli agent ...`` as a subprocess.
 - :func:`start_rank`: ``tests/node_fake_rank.py`` as a subprocess; :func:`wait_event`
   reads its JSON event lines.
 """
@@ -22,9 +22,9 @@ from pathlib import Path
 
 import zmq
 
-from agent import protocol
-from agent.protocol import Message
-from agent.transport import CurveKeys, bind_router, stop_authenticator
+from rankscope.wire import protocol
+from rankscope.wire.protocol import Message
+from rankscope.wire.transport import CurveKeys, bind_router, stop_authenticator
 
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
@@ -118,7 +118,7 @@ def _env() -> dict:
 def start_agent(tmp: Path, coordinator: str | None, *extra: str, listen: str | None = None,
                 job: str = "j") -> tuple[subprocess.Popen, str]:
     listen = listen or f"ipc://{tmp}/agent.sock"
-    cmd = [PY, "-m", "coordinator.cli", "agent", "--listen", listen, "--job", job,
+    cmd = [PY, "-m", "rankscope", "agent", "--listen", listen, "--job", job,
            "--spool", str(tmp / "spool"), "--bundle-dir", str(tmp / "bundles"), *extra]
     if coordinator:
         cmd += ["--coordinator", coordinator]

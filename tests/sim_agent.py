@@ -8,10 +8,10 @@ from pathlib import Path
 
 import zmq
 
-from agent import protocol
-from agent.protocol import Message
-from agent.records import StepBatch
-from agent.transport import connect_dealer
+from rankscope.wire import protocol
+from rankscope.wire.protocol import Message
+from rankscope.wire.records import StepBatch
+from rankscope.wire.transport import connect_dealer
 
 
 class SimAgent:
@@ -32,7 +32,7 @@ class SimAgent:
         return frame
 
     def register(self, rank: int, world_size: int) -> None:
-        self.send(protocol.REGISTER, {"host": "simhost", "pid": 1000 + rank, "claimed_rank": rank,
+        self.send(protocol.REGISTER, {"host": "simhost", "pid": 1000 + rank, "claimed_rank": rank, "assigned_rank": rank,
                                       "world_size": world_size}, f"rank:{rank}")
 
     def step(self, batch: StepBatch) -> bytes:
@@ -48,7 +48,7 @@ class SimAgent:
                   f"rank:simhost:{rank}")
 
     def send_files(self, paths: list[Path], root: Path, rank: int, transfer: str) -> int:
-        from agent.rdr.transfer import iter_file_chunks
+        from rankscope.rdr.transfer import iter_file_chunks
         n = 0
         for body in iter_file_chunks(paths, root, rank, transfer):
             self.send(protocol.BUNDLE_CHUNK, body, f"rank:simhost:{rank}")
@@ -56,8 +56,8 @@ class SimAgent:
         return n
 
     def send_bundle(self, rank: int, transfer: str, root: Path) -> Path:
-        """Write a real RDR bundle (H4's writer) and send it chunked, as a rank does on export."""
-        from agent.rdr.bundle import write_bundle
+        """Write a real RDR bundle (the bundle writer) and send it chunked, as a rank does on export."""
+        from rankscope.rdr.bundle import write_bundle
         d = write_bundle(root, rank, reason=f"export {transfer}", steps=[])
         self.send_files([d], d.parent, rank, transfer)
         return d

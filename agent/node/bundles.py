@@ -2,32 +2,22 @@
 
 A rank killed by SIGKILL (or a segfault, or the OOM killer) cannot write its own RDR
 bundle. The node agent has seen every step it streamed, so it keeps the last K per rank
-and writes ``<bundle_dir>/<job>/rank_<id>/rdr/`` for it with H4's
-:func:`agent.rdr.bundle.write_bundle` (``on_behalf=True``), including the rank map entry
+and writes ``<bundle_dir>/<job>/rank_<id>/rdr/`` for it with :func:`rankscope.rdr.bundle.write_bundle` (``on_behalf=True``), including the rank map entry
 and how the process ended. On export the files go to the coordinator as BUNDLE_CHUNKs,
 paths relative to ``rank_<id>/`` so they land in ``incidents/<id>/rank_<r>/rdr/``.
 """
 from __future__ import annotations
 
 import logging
-import re
 from pathlib import Path
 from typing import Iterator
 
-from agent.node.registry import RankEntry
-from agent.rdr.flight_recorder import FlightRecorder
-from agent.records import StepBatch
+from rankscope.node.registry import RankEntry
+from rankscope.rdr.flight_recorder import FlightRecorder
+from rankscope.wire.layout import dump_label, safe_id
+from rankscope.wire.records import StepBatch
 
 log = logging.getLogger(__name__)
-
-_UNSAFE = re.compile(r"[^A-Za-z0-9_.\-]")
-
-
-def transfer_id(text: str) -> str:
-    """A transfer id the receiver accepts (letters, digits, ``_.-``)."""
-    safe = _UNSAFE.sub("_", text)[:120] or "export"
-    return safe if safe[0].isalnum() or safe[0] == "_" else "_" + safe[1:]
-
 
 class RankBundles:
     def __init__(self, bundle_dir: str | Path, k: int = 8) -> None:
@@ -58,9 +48,9 @@ class RankBundles:
         key = self._key(entry)
         if final and key in self.written:
             return self.written[key]
-        from agent.rdr.bundle import write_bundle
+        from rankscope.rdr.bundle import write_bundle
 
-        rank = entry.assigned_rank if entry.assigned_rank is not None else f"proc{entry.pid}"
+        rank = entry.assigned_rank if entry.assigned_rank is not None else dump_label(None, entry.pid)
         rec = self._recorders.get(key) or FlightRecorder(self.k)
         ended = {"rank": entry.assigned_rank, "claimed_rank": entry.claimed_rank, "pid": entry.pid,
                  "host": entry.host, "last_step": entry.last_step, "exit_status": entry.exit_status,
@@ -68,7 +58,7 @@ class RankBundles:
         try:
             what = "rank_finished" if entry.state.value == "finished" else "rank_lost"
             ended["state"] = entry.state.value
-            path = write_bundle(self.root / transfer_id(entry.job), rank, reason=reason, steps=rec,
+            path = write_bundle(self.root / safe_id(entry.job), rank, reason=reason, steps=rec,
                                 on_behalf=True, extra={what: ended, "rank_map": rank_map})
         except Exception:  # never let one bundle take the agent down
             log.exception("could not write the bundle of rank %s (pid %d) on its behalf", rank, entry.pid)
@@ -84,9 +74,9 @@ class RankBundles:
         path = self.written.get(self._key(entry))
         if path is None or entry.assigned_rank is None:
             return iter(())
-        from agent.rdr.transfer import iter_file_chunks
+        from rankscope.rdr.transfer import iter_file_chunks
 
-        return iter_file_chunks([path], path.parent, entry.assigned_rank, transfer_id(transfer), on_behalf=True)
+        return iter_file_chunks([path], path.parent, entry.assigned_rank, safe_id(transfer), on_behalf=True)
 
     def retire(self, entry: RankEntry, keep: int = 64) -> None:
         """The rank ended normally. Its ring stays for an export that comes later (an

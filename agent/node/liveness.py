@@ -12,9 +12,9 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Callable, Iterable
 
-from agent.node.registry import RankEntry
+from rankscope.node.registry import RankEntry
 
 
 @dataclass(frozen=True)
@@ -54,11 +54,6 @@ def decode_wait_status(status: int | None) -> int | None:
     return None
 
 
-def process_start_time(pid: int) -> int | None:
-    st = read_stat(pid)
-    return None if st is None else st.start_time
-
-
 @dataclass(frozen=True)
 class Lost:
     entry: RankEntry
@@ -73,7 +68,9 @@ class LivenessMonitor:
     call. Ranks on another host (no /proc to read) are judged by heartbeats alone.
     """
 
-    def __init__(self, host: str, heartbeat_timeout_s: float = 15.0) -> None:
+    def __init__(self, host: str, heartbeat_timeout_s: float = 15.0,
+                 read: Callable[[int], ProcStat | None] = read_stat) -> None:
+        self._read = read
         self.host = host
         self.heartbeat_timeout_s = heartbeat_timeout_s
         self._start: dict[int, int | None] = {}
@@ -82,7 +79,8 @@ class LivenessMonitor:
 
     def watch(self, entry: RankEntry, now: float | None = None) -> None:
         if entry.host == self.host and entry.pid not in self._start:
-            self._start[entry.pid] = process_start_time(entry.pid)
+            st = self._read(entry.pid)
+            self._start[entry.pid] = None if st is None else st.start_time
         self._seen[id(entry)] = time.monotonic() if now is None else now
 
     def heartbeat(self, entry: RankEntry, now: float | None = None) -> bool:
@@ -114,7 +112,7 @@ class LivenessMonitor:
         return lost
 
     def _dead(self, pid: int) -> tuple[bool, int | None]:
-        st = read_stat(pid)
+        st = self._read(pid)
         if st is None:
             return True, None
         known = self._start.get(pid)

@@ -15,21 +15,17 @@ Registrations are collected for ``settle_s`` before they are answered, so proces
 started together are ordered together; later arrivals that clash take fresh ids (an id
 already answered is never taken back: the rank's dump folder is named by it).
 
-Pure logic plus :func:`write_rank_map`; the daemon drives it with a clock.
+Pure logic (``rank_map.json`` itself is written with :mod:`rankscope.wire.rank_map`).
 """
 from __future__ import annotations
 
-from agent.atomic import atomic_write_bytes
-
 import enum
-import json
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Callable, Iterable
+from typing import Callable
 
 
-class RankState(str, enum.Enum):
+class ProcessState(str, enum.Enum):
     """PENDING: registered, id not answered yet. LIVE: answered, process running.
     FINISHED: said goodbye (normal end). LOST: process gone (or silent) without goodbye."""
 
@@ -53,7 +49,7 @@ class RankEntry:
     label: str = ""
     assigned_rank: int | None = None
     remapped: bool = False
-    state: RankState = RankState.PENDING
+    state: ProcessState = ProcessState.PENDING
     registered_at: float = 0.0
     last_step: int = -1
     exit_status: int | None = None
@@ -105,7 +101,7 @@ class RankRegistry:
         its existing entry back, with the new routing identity."""
         key = (job, info["host"], int(info["pid"]))
         entry = self._entries.get(key)
-        if entry is not None and entry.state in (RankState.PENDING, RankState.LIVE):
+        if entry is not None and entry.state in (ProcessState.PENDING, ProcessState.LIVE):
             self._by_identity.pop(entry.identity, None)
             entry.identity = identity
             self._by_identity[identity] = entry
@@ -136,16 +132,16 @@ class RankRegistry:
     def _complete(self, job: str) -> bool:
         """Every rank of a known world size is here and no two claim the same id: no
         reason to wait for anyone else."""
-        active = [e for e in self.entries(job) if e.state in (RankState.PENDING, RankState.LIVE)]
+        active = [e for e in self.entries(job) if e.state in (ProcessState.PENDING, ProcessState.LIVE)]
         sizes = {e.world_size for e in active if e.world_size}
-        claims = [e.wanted if e.state is RankState.PENDING else e.assigned_rank for e in active]
+        claims = [e.wanted if e.state is ProcessState.PENDING else e.assigned_rank for e in active]
         return (len(sizes) == 1 and len(active) == sizes.pop() and None not in claims
                 and len(set(claims)) == len(claims))
 
     def _assign(self, job: str) -> list[RankEntry]:
         entries = self.entries(job)
-        pending = sorted((e for e in entries if e.state is RankState.PENDING), key=RankEntry.sort_key)
-        held = {e.assigned_rank for e in entries if e.state in (RankState.LIVE, RankState.FINISHED)}
+        pending = sorted((e for e in entries if e.state is ProcessState.PENDING), key=RankEntry.sort_key)
+        held = {e.assigned_rank for e in entries if e.state in (ProcessState.LIVE, ProcessState.FINISHED)}
         ever = self._ever_assigned.setdefault(job, set())
         claimed = {e.wanted for e in pending if e.wanted is not None}
         blocked = held | ever | claimed
@@ -176,26 +172,26 @@ class RankRegistry:
 
     @staticmethod
     def _set(entry: RankEntry, rank: int) -> None:
-        entry.assigned_rank, entry.state = rank, RankState.LIVE
+        entry.assigned_rank, entry.state = rank, ProcessState.LIVE
         entry.remapped = entry.claimed_rank is not None and rank != entry.claimed_rank
 
     # --- state changes -------------------------------------------------------------
     def finish(self, entry: RankEntry) -> None:
-        entry.state = RankState.FINISHED
+        entry.state = ProcessState.FINISHED
 
     def lose(self, entry: RankEntry, exit_status: int | None, reason: str) -> None:
-        entry.state, entry.exit_status, entry.reason = RankState.LOST, exit_status, reason
+        entry.state, entry.exit_status, entry.reason = ProcessState.LOST, exit_status, reason
 
     # --- queries -------------------------------------------------------------------
     def entries(self, job: str | None = None) -> list[RankEntry]:
         return [e for e in self._entries.values() if job is None or e.job == job]
 
     def live(self) -> list[RankEntry]:
-        return [e for e in self._entries.values() if e.state is RankState.LIVE]
+        return [e for e in self._entries.values() if e.state is ProcessState.LIVE]
 
     def by_identity(self, identity: bytes) -> RankEntry | None:
         e = self._by_identity.get(identity)
-        return e if e is not None and e.state in (RankState.PENDING, RankState.LIVE) else None
+        return e if e is not None and e.state in (ProcessState.PENDING, ProcessState.LIVE) else None
 
     def by_rank(self, job: str, rank: int) -> list[RankEntry]:
         """Every entry (live or not) that was assigned ``rank`` in ``job``, newest last."""
@@ -204,12 +200,3 @@ class RankRegistry:
     def rank_map(self, job: str | None = None) -> list[dict]:
         rows = [e.map_entry() for e in self.entries(job) if e.assigned_rank is not None]
         return sorted(rows, key=lambda r: (r["job"], r["assigned_rank"], r["pid"]))
-
-
-def write_rank_map(path: str | Path, rows: Iterable[dict]) -> Path:
-    """Atomically (temp + rename) write ``rank_map.json``."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    doc = {"format": "rankscope-rank-map/1", "entries": list(rows)}
-    atomic_write_bytes(path, json.dumps(doc, indent=1).encode("utf-8"))
-    return path

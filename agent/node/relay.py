@@ -7,8 +7,8 @@ is not sticky (a newcomer has no N steps to catch up on; it is paused instead).
 """
 from __future__ import annotations
 
-from agent.node.registry import RankEntry, RankRegistry, RankState
-from agent.protocol import Message
+from rankscope.node.registry import ProcessState, RankEntry, RankRegistry
+from rankscope.wire.protocol import Message
 
 _STICKY = ("pause", "terminate")
 
@@ -22,7 +22,7 @@ class ControlRelay:
         ``target`` narrows to one assigned rank)."""
         target = msg.body.get("target")
         return [e for e in registry.entries()
-                if e.state is RankState.LIVE and (not msg.job or e.job == msg.job)
+                if e.state is ProcessState.LIVE and (not msg.job or e.job == msg.job)
                 and (target is None or e.assigned_rank == target)]
 
     def gone(self, registry: RankRegistry, msg: Message) -> list[RankEntry]:
@@ -30,10 +30,10 @@ class ControlRelay:
         answers an export for them. Only the newest entry per assigned id counts (a
         restarted rank's earlier incarnation is history, not a rank of the job now)."""
         target = msg.body.get("target")
-        live = {(e.job, e.assigned_rank) for e in registry.entries() if e.state is RankState.LIVE}
+        live = {(e.job, e.assigned_rank) for e in registry.entries() if e.state is ProcessState.LIVE}
         newest: dict[tuple[str, int | None], RankEntry] = {}
         for e in registry.entries():
-            if (e.state in (RankState.LOST, RankState.FINISHED) and (not msg.job or e.job == msg.job)
+            if (e.state in (ProcessState.LOST, ProcessState.FINISHED) and (not msg.job or e.job == msg.job)
                     and (target is None or e.assigned_rank == target) and (e.job, e.assigned_rank) not in live):
                 newest[(e.job, e.assigned_rank)] = e
         return list(newest.values())

@@ -1,7 +1,7 @@
 """The node agent's connection to the coordinator: nothing recorded is lost on a restart.
 
 Durable frames (steps, registrations, rank loss, bundle chunks) go through the
-:class:`~agent.node.spool.SpoolLog`; the uplink sends from it while the connection is up
+:class:`~rankscope.node.spool.SpoolLog`; the uplink sends from it while the connection is up
 and tracks what it sent until it is confirmed:
 
 - by an acknowledgement from the coordinator -- a ``STATUS`` message with
@@ -23,8 +23,8 @@ from typing import Callable
 
 import zmq
 
-from agent.node.spool import Pos, SpoolLog
-from agent.transport import CurveKeys, connect_watched_dealer
+from rankscope.node.spool import Pos, SpoolLog
+from rankscope.wire.transport import CurveKeys, connect_watched_dealer
 
 log = logging.getLogger(__name__)
 

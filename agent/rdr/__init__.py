@@ -4,11 +4,11 @@ MindSpore 2.10 no longer has its own RDR, so rankscope keeps the same configurat
 surface (``"rdr"`` in config.json, ``MS_RDR_*`` env vars) and writes
 ``<path>/rank_<id>/rdr/`` itself. Submodules, one job each:
 
-- :mod:`agent.rdr.settings`: resolve ``enable/mode/path`` (config wins over env).
-- :mod:`agent.rdr.flight_recorder`: the last K steps in memory (a probe Sink).
-- :mod:`agent.rdr.bundle`: write one bundle directory (atomic files, sha256 manifest).
-- :mod:`agent.rdr.recorder`: process hooks that write a bundle on abnormal (or any) end.
-- :mod:`agent.rdr.transfer`: send/receive bundle files as BUNDLE_CHUNK bodies.
+- :mod:`rankscope.config.rdr`: resolve ``enable/mode/path`` (config wins over env).
+- :mod:`rankscope.rdr.flight_recorder`: the last K steps in memory (a probe Sink).
+- :mod:`rankscope.rdr.bundle`: write one bundle directory (atomic files, sha256 manifest).
+- :mod:`rankscope.rdr.crash_hooks`: process hooks that write a bundle on abnormal (or any) end.
+- :mod:`rankscope.rdr.transfer`: send/receive bundle files as BUNDLE_CHUNK bodies.
 
-Nothing is imported here so ``import agent.rdr.settings`` stays cheap.
+Nothing is imported here so ``import rankscope.config.rdr`` stays cheap.
 """

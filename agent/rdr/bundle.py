@@ -14,8 +14,6 @@ how the node agent's on-behalf bundle for a segfaulted rank includes those stack
 """
 from __future__ import annotations
 
-from agent.atomic import atomic_write_bytes
-
 import errno
 import hashlib
 import json
@@ -27,8 +25,10 @@ import time
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from agent.rdr import collect, steps_file
-from agent.rdr.flight_recorder import FlightRecorder, Step
+from rankscope.rdr import diagnostics, steps_file
+from rankscope.rdr.flight_recorder import FlightRecorder, Step
+from rankscope.wire.atomic import atomic_write_bytes
+from rankscope.wire.layout import bundle_dir_name
 
 log = logging.getLogger(__name__)
 
@@ -41,21 +41,6 @@ _SAFE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,63}")
 
 class RdrWriteError(OSError):
     """The bundle could not be written at all (not even its manifest)."""
-
-
-def rank_dir_name(rank: int | str) -> str:
-    """``3`` / ``"3"`` / ``"rank3"`` -> ``rank_3``; ``"proc1234"`` -> ``rank_proc1234``."""
-    if isinstance(rank, int) and not isinstance(rank, bool):
-        if rank < 0:
-            raise ValueError(f"rank: expected a non-negative id, got {rank!r}")
-        return f"rank_{rank}"
-    text = str(rank)
-    m = re.fullmatch(r"(?:rank_?)?(\d+)", text)
-    if m:
-        return f"rank_{int(m.group(1))}"
-    if not _SAFE_NAME.fullmatch(text):
-        raise ValueError(f"rank: {rank!r} is not a rank id or a safe label")
-    return f"rank_{text}"
 
 
 def _pid_alive(pid: int) -> bool:
@@ -80,7 +65,7 @@ def _adoptable(d: Path) -> bool:
 
 def reserve_bundle_dir(root: str | os.PathLike, rank: int | str) -> Path:
     """Create (or adopt a dead owner's) bundle directory for ``rank`` and own it."""
-    rank_dir = Path(root) / rank_dir_name(rank)
+    rank_dir = Path(root) / bundle_dir_name(rank)
     try:
         rank_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -211,22 +196,22 @@ def _write_contents(w: _Writer, *, reason, steps, exception, config, seeds, extr
         all_names.update(names)
     w.put("flight_recorder_steps.msgpack", steps_file.encode_steps(batches, all_names))
     w.put("flight_recorder_steps.json", steps_file.summary_json(batches, all_names, k))
-    exc_text = collect.format_exception(exception)
+    exc_text = diagnostics.format_exception(exception)
     if exc_text is not None:
         w.put("exception.txt", exc_text)
     if not on_behalf:
-        w.put("thread_stacks.txt", collect.thread_stacks())
-        w.put_json("environment.json", collect.environment(env))
-        w.put_json("memory.json", collect.memory())
-        for src, name in collect.graph_files(env):
+        w.put("thread_stacks.txt", diagnostics.thread_stacks())
+        w.put_json("environment.json", diagnostics.environment(env))
+        w.put_json("memory.json", diagnostics.memory())
+        for src, name in diagnostics.graph_files(env):
             w.copy(src, name)
-    w.put_json("versions.json", collect.versions())
+    w.put_json("versions.json", diagnostics.versions())
     if config is not None:
         w.put_json("config.json", config.to_dict() if hasattr(config, "to_dict") else config)
     if seeds is not None:
         w.put_json("seeds.json", dict(seeds))
     elif not on_behalf:
-        w.put_json("seeds.json", collect.observed_seeds(env))
+        w.put_json("seeds.json", diagnostics.observed_seeds(env))
     for key, doc in (extra or {}).items():
         if not _SAFE_NAME.fullmatch(key) or key in ("manifest",):
             w.errors.append({"file": f"{key}.json", "error": "extra key is not a safe file name"})

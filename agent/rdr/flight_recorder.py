@@ -12,7 +12,7 @@ import collections
 import threading
 from typing import Union
 
-from agent.records import StepBatch, StepOutput
+from rankscope.wire.records import StepBatch, StepOutput
 
 Step = Union[StepOutput, StepBatch]
 

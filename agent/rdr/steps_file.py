@@ -3,7 +3,7 @@
 msgpack rather than JSON for the columns because NaN/Inf must survive exactly (they are
 usually why the bundle exists) and because K steps x thousands of tensors is large as
 text. Arrays use the wire's typed-bytes form and are read back with the wire's
-validating :func:`agent.protocol.decode_array`: no pickle, numeric dtypes only.
+validating :func:`rankscope.wire.protocol.decode_array`: no pickle, numeric dtypes only.
 """
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from typing import Any, Iterable, Mapping
 import msgpack
 import numpy as np
 
-from agent.protocol import decode_array
-from agent.records import STAT_COLUMNS, Kind, StepBatch, StepOutput
+from rankscope.wire.protocol import decode_array
+from rankscope.wire.records import STAT_COLUMNS, Kind, StepBatch, StepOutput
 
 FORMAT = "rankscope-flight-recorder/1"
 COLUMNS = ("name_ids", "kinds", "exec_index", "stats", "nan_count", "inf_count", "numel", "crc32")

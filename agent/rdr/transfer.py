@@ -1,4 +1,4 @@
-"""Bundle files over the wire as BUNDLE_CHUNK bodies (agent.protocol), with no shared filesystem.
+"""Bundle files over the wire as BUNDLE_CHUNK bodies (rankscope.wire.protocol), with no shared filesystem.
 
 Sender: :func:`iter_file_chunks` reads each file in ``BUNDLE_CHUNK_BYTES`` pieces and puts
 the file's sha256 on its final chunk. Receiver: :class:`BundleAssembler` writes each file
@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Iterable, Iterator, Mapping
 
-from agent.protocol import BUNDLE_CHUNK_BYTES
+from rankscope.wire.layout import bundle_dir_name
+from rankscope.wire.protocol import BUNDLE_CHUNK_BYTES
 
 log = logging.getLogger(__name__)
 
@@ -138,7 +139,7 @@ class BundleAssembler:
         log.warning("RDR transfer: %s", p)
 
     def _base(self, rank: int) -> Path:
-        return self.dest_root / f"rank_{rank}" if self.per_rank_dirs else self.dest_root
+        return self.dest_root / bundle_dir_name(rank) if self.per_rank_dirs else self.dest_root
 
     @staticmethod
     def _part(dest: Path, transfer: str) -> Path:

@@ -2,7 +2,7 @@
 
 Records are keyed by (group, step, name, call index): the group picks the slot
 table, the step the slot, the rank the row and (name, call index) the column
-(:mod:`coordinator.logic.names`). A slot is released for judging once every live
+(:mod:`rankscope.coordinator.logic.columns`). A slot is released for judging once every live
 rank of its group has reported the step, or once ``deadline_s`` has passed since
 its first record (the missing ranks are then a finding), or when more than
 ``max_pending_steps`` slots wait, so memory stays bounded when a rank falls behind.
@@ -18,9 +18,9 @@ from typing import Any
 
 import numpy as np
 
-from agent.records import NO_CRC, StepBatch
-from coordinator.logic.names import UNKNOWN, KeyTable, RankNames
-from coordinator.logic.settings import CoordinatorSettings
+from rankscope.config.cluster import ClusterSettings
+from rankscope.coordinator.logic.columns import UNKNOWN, KeyTable, RankNames
+from rankscope.wire.records import NO_CRC, StepBatch
 
 NO_EXEC = np.iinfo(np.int64).max
 
@@ -160,7 +160,7 @@ class Group:
 
 
 class StepAligner:
-    def __init__(self, settings: CoordinatorSettings) -> None:
+    def __init__(self, settings: ClusterSettings) -> None:
         self.settings = settings
         self.keys: dict[str, KeyTable] = {}
         self.groups: dict[tuple[str, int], Group] = {}

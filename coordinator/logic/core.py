@@ -2,7 +2,7 @@
 
 The service (coordinator/actor.py) feeds it decoded messages (``on_register``,
 ``on_step``, ``on_heartbeat``, ``on_rank_lost``, ...), calls :meth:`tick` often, and
-performs the :class:`~coordinator.logic.incident.Action` objects it hands out via
+performs the :class:`~rankscope.coordinator.logic.incident.Action` objects it hands out via
 :meth:`take_actions` (pause/export/resume/terminate every rank, write incident.json via
 :meth:`write_incident`). Time comes from the injected ``clock`` so tests script it.
 """
@@ -16,16 +16,23 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from agent.records import StepBatch
-from coordinator.logic.aligner import LIVE_STATES, Group, RankState, StepAligner, StepView
-from coordinator.logic.detectors.progress import ProgressDetector
-from coordinator.logic.incident import Action, IncidentEvent
-from coordinator.logic.incident_book import IncidentBook
-from coordinator.logic.registry import build_step_detectors
-from coordinator.logic.series import SeriesRecorder
-from coordinator.logic.settings import CoordinatorSettings, SettingsError, parse_settings
-from coordinator.logic.verdict import Verdict
-from coordinator.logic.watchpoint_rules import parse_watchpoints
+from rankscope.config.cluster import ClusterSettings, parse_cluster
+from rankscope.config.watchpoints import parse_watchpoints
+from rankscope.coordinator.logic.aligner import (
+    LIVE_STATES,
+    Group,
+    RankState,
+    StepAligner,
+    StepView,
+)
+from rankscope.coordinator.logic.detector_set import build_step_detectors
+from rankscope.coordinator.logic.detectors.progress import ProgressDetector
+from rankscope.coordinator.logic.incident import Action, IncidentEvent
+from rankscope.coordinator.logic.incident_book import IncidentBook
+from rankscope.coordinator.logic.series import SeriesRecorder
+from rankscope.coordinator.logic.verdict import Verdict
+from rankscope.wire.layout import rank_from_wire
+from rankscope.wire.records import StepBatch
 
 log = logging.getLogger(__name__)
 
@@ -34,12 +41,12 @@ _HEARTBEAT_STATES = {"paused": RankState.PAUSED, "running": RankState.RUNNING, "
 
 
 class CoordinatorCore:
-    def __init__(self, settings: CoordinatorSettings | dict | None = None,
+    def __init__(self, settings: ClusterSettings | dict | None = None,
                  clock: Callable[[], float] = time.monotonic, *,
                  export_dir: str | os.PathLike | None = None,
                  wall_clock: Callable[[], float] = time.time) -> None:
         if settings is None or isinstance(settings, dict):
-            settings = parse_settings(settings)
+            settings = parse_cluster(settings)
         self.settings = settings
         self.clock, self.wall_clock = clock, wall_clock
         self.export_dir = Path(export_dir) if export_dir is not None else None
@@ -67,7 +74,7 @@ class CoordinatorCore:
             self._quiet = {k: v for k, v in self._quiet.items() if k[1] != rec.group.label}
 
     def on_step(self, batch: StepBatch) -> None:
-        if batch.rank < 0:  # a probe that never learned its rank: nothing to align it with
+        if rank_from_wire(batch.rank) is None:  # a probe that never learned its rank: nothing to align it with
             self.aligner.counters["unranked_batches"] += 1
             return
         self.aligner.ingest(batch, self.clock())
@@ -76,13 +83,13 @@ class CoordinatorCore:
         now = self.clock()
         ingest = self.aligner.ingest
         for b in batches:
-            if b.rank < 0:
+            if rank_from_wire(b.rank) is None:
                 self.aligner.counters["unranked_batches"] += 1
                 continue
             ingest(b, now)
 
-    def on_heartbeat(self, job: str, rank: int, step: int, state: str) -> None:
-        if rank < 0:
+    def on_heartbeat(self, job: str, rank: int | None, step: int, state: str) -> None:
+        if rank is None:
             return
         rec = self.aligner.rank(job, rank)
         rec.last_seen, rec.heartbeat_step = self.clock(), step
@@ -95,8 +102,9 @@ class CoordinatorCore:
             return
         rec.state = new
 
-    def on_rank_lost(self, job: str, rank: int, last_step: int, exit_status: int | None, reason: str) -> None:
-        if rank < 0:  # lost before it was given a rank id: it never took part in a step
+    def on_rank_lost(self, job: str, rank: int | None, last_step: int, exit_status: int | None,
+                     reason: str) -> None:
+        if rank is None:  # lost before it was given a rank id: it never took part in a step
             log.warning("job %s: a process without a rank id was lost (%s)", job, reason)
             return
         rec = self.aligner.rank(job, rank)
@@ -120,12 +128,12 @@ class CoordinatorCore:
 
     def set_watchpoints(self, rules: list[dict[str, Any]]) -> None:
         """Replace the watchpoints at run time (same format as ``cluster.watchpoints``)."""
-        parsed = parse_watchpoints(rules, "watchpoints", SettingsError)
+        parsed = parse_watchpoints(rules, "watchpoints")
         for det in self.detectors:
             if det.name == "watchpoint":
                 det.set_rules(parsed)
                 return
-        from coordinator.logic.detectors.watchpoints import WatchpointDetector
+        from rankscope.coordinator.logic.detectors.watchpoints import WatchpointDetector
         self.detectors.append(WatchpointDetector(parsed))
 
     # --- judging ------------------------------------------------------------------
@@ -212,15 +220,19 @@ class CoordinatorCore:
 
     def operator(self, command: str, job: str | None = None, n: int | None = None) -> list[Action]:
         """An operator's pause/resume/step/terminate/export; routed through the open incident."""
-        return self.book.operator(command, job or self._only_job(), n)
+        return self.book.operator(command, job or self.only_job(), n)
 
-    def _only_job(self) -> str:
+    def only_job(self) -> str:
         jobs = sorted({j for j, _ in self.aligner.ranks} | ({self.settings.job} if self.settings.job else set()))
         if len(jobs) != 1:
             raise ValueError(f"job: must be given when the coordinator serves {len(jobs)} jobs ({jobs[:5]})")
         return jobs[0]
 
     # --- reporting ----------------------------------------------------------------
+    def documents(self) -> list[dict[str, Any]]:
+        """Every incident as users read it (incident.json's fields, plus ``dir``)."""
+        return self.book.documents()
+
     def incidents(self) -> list[dict[str, Any]]:
         """Every incident (open and final) as a dict, with its ``dir`` under the export dir."""
         return self.book.listing()

@@ -24,8 +24,8 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
-from coordinator.logic.settings import OnDivergence
-from coordinator.logic.verdict import Verdict
+from rankscope.config.cluster import OnDivergence
+from rankscope.coordinator.logic.verdict import Verdict
 
 
 class IncidentState(str, enum.Enum):

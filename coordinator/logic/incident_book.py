@@ -12,11 +12,18 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from coordinator.logic.aligner import RankRecord, RankState, StepAligner
-from coordinator.logic.incident import Action, ActionKind, Incident, IncidentEvent, IncidentState
-from coordinator.logic.incident_store import IncidentStore, write_incident
-from coordinator.logic.settings import CoordinatorSettings, OnDivergence
-from coordinator.logic.verdict import Verdict
+from rankscope.config.cluster import ClusterSettings, OnDivergence
+from rankscope.coordinator.logic.aligner import RankRecord, RankState, StepAligner
+from rankscope.coordinator.logic.incident import (
+    Action,
+    ActionKind,
+    Incident,
+    IncidentEvent,
+    IncidentState,
+)
+from rankscope.coordinator.logic.incident_store import IncidentStore, incident_document, write_incident
+from rankscope.coordinator.logic.verdict import Verdict
+from rankscope.wire.layout import incident_dir
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +34,7 @@ _OPERATOR = {"pause": ActionKind.PAUSE, "resume": ActionKind.RESUME, "terminate"
 
 
 class IncidentBook:
-    def __init__(self, settings: CoordinatorSettings, aligner: StepAligner, export_dir: Path | None,
+    def __init__(self, settings: ClusterSettings, aligner: StepAligner, export_dir: Path | None,
                  clock: Callable[[], float], wall_clock: Callable[[], float],
                  rank_maps: dict[str, list[dict[str, Any]]]) -> None:
         self.settings, self.aligner, self.export_dir = settings, aligner, export_dir
@@ -163,11 +170,16 @@ class IncidentBook:
         self._queue([act])
         return [act]
 
+    def documents(self) -> list[dict[str, Any]]:
+        """Every incident as the user-facing document (incident.json's fields, plus ``dir``)."""
+        return [incident_document(inc, rank_map=self.rank_maps.get(inc.job), export_dir=self.export_dir)
+                for inc in self.by_id.values()]
+
     def listing(self) -> list[dict[str, Any]]:
         out = []
         for inc in self.by_id.values():
             d = inc.to_dict()
             if self.export_dir is not None:
-                d["dir"] = str(self.export_dir / "incidents" / inc.incident_id)
+                d["dir"] = str(incident_dir(self.export_dir, inc.incident_id))
             out.append(d)
         return out

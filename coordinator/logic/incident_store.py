@@ -7,8 +7,6 @@ user-facing summary DESIGN.md promises; it is written once the bundles are in.
 """
 from __future__ import annotations
 
-from agent.atomic import atomic_write_bytes
-
 import datetime as _dt
 import json
 import logging
@@ -17,13 +15,11 @@ import os
 from pathlib import Path
 from typing import Any, Mapping
 
-from coordinator.logic.incident import Incident
+from rankscope.coordinator.logic.incident import Incident
+from rankscope.wire.atomic import atomic_write_bytes
+from rankscope.wire.layout import incident_dir, incidents_root
 
 log = logging.getLogger(__name__)
-
-
-def incident_dir(export_dir: str | os.PathLike, incident_id: str) -> Path:
-    return Path(export_dir) / "incidents" / incident_id
 
 
 def _clean(obj: Any) -> Any:
@@ -50,11 +46,12 @@ def iso(epoch: float) -> str:
     return _dt.datetime.fromtimestamp(epoch, _dt.timezone.utc).isoformat(timespec="milliseconds")
 
 
-def write_incident(export_dir: str | os.PathLike, incident: Incident,
-                   ranks: Mapping[int, Mapping[str, Any]] | None = None,
-                   bundles: Mapping[int, str] | None = None,
-                   rank_map: list[dict[str, Any]] | None = None) -> Path:
-    """Write ``incidents/<id>/incident.json``; ``ranks``/``bundles`` default to the incident's."""
+def incident_document(incident: Incident, ranks: Mapping[int, Mapping[str, Any]] | None = None,
+                      bundles: Mapping[int, str] | None = None, rank_map: list[dict[str, Any]] | None = None,
+                      export_dir: str | os.PathLike | None = None) -> dict[str, Any]:
+    """The incident as users read it: ``incident.json``, ``rankscope status`` and the
+    verdict launch prints are all this one document. ``ranks``/``bundles`` default to
+    the incident's."""
     v = incident.verdict
     ranks = dict(incident.ranks if ranks is None else ranks)
     bundles = dict(incident.bundles if bundles is None else bundles)
@@ -82,8 +79,19 @@ def write_incident(export_dir: str | os.PathLike, incident: Incident,
         "rank_map": list(rank_map or []),
         "related_verdicts": incident.related,
     }
+    if export_dir is not None:
+        doc["dir"] = str(incident_dir(export_dir, incident.incident_id))
+        doc["incident_json"] = incident.incident_json
+    return doc
+
+
+def write_incident(export_dir: str | os.PathLike, incident: Incident,
+                   ranks: Mapping[int, Mapping[str, Any]] | None = None,
+                   bundles: Mapping[int, str] | None = None,
+                   rank_map: list[dict[str, Any]] | None = None) -> Path:
+    """Write ``incidents/<id>/incident.json``."""
     path = incident_dir(export_dir, incident.incident_id) / "incident.json"
-    _atomic_json(path, doc)
+    _atomic_json(path, incident_document(incident, ranks, bundles, rank_map))
     return path
 
 
@@ -102,7 +110,7 @@ class IncidentStore:
         if self.export_dir is None:
             return []
         out = []
-        for path in sorted((self.export_dir / "incidents").glob("*/state.json")):
+        for path in sorted(incidents_root(self.export_dir).glob("*/state.json")):
             try:
                 out.append(Incident.from_dict(json.loads(path.read_text(encoding="utf-8"))))
             except (OSError, ValueError, KeyError, TypeError) as exc:

@@ -10,10 +10,10 @@ from typing import Any
 
 import numpy as np
 
-from agent.records import Kind
-from coordinator.logic.aligner import StepView
-from coordinator.logic.detectors.common import nanmedian0
-from coordinator.logic.detectors.outlier import log_values
+from rankscope.coordinator.logic.aligner import StepView
+from rankscope.coordinator.logic.detectors.common import nanmedian0
+from rankscope.coordinator.logic.detectors.outlier import log_values
+from rankscope.wire.records import Kind
 
 
 def _jsonable(a: np.ndarray) -> list[float | None]:

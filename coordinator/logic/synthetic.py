@@ -16,7 +16,7 @@ import zlib
 
 import numpy as np
 
-from agent.records import Kind, StepBatch
+from rankscope.wire.records import Kind, StepBatch
 
 
 class SyntheticTraining:

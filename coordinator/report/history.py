@@ -12,6 +12,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+from rankscope.wire.atomic import atomic_write_bytes
+
 HISTORY_FILE = "history.json"
 #: SeriesRecorder's deviation for a rank with NaN/Inf in its comparable records.
 NONFINITE_DEVIATION = 1e9
@@ -38,9 +40,7 @@ def _num(v: Any) -> float | None:
 
 def save_history(incident_dir: Path, history: dict) -> Path:
     path = incident_dir / HISTORY_FILE
-    tmp = path.with_name(f".{HISTORY_FILE}.tmp")
-    tmp.write_text(json.dumps(history))
-    tmp.replace(path)
+    atomic_write_bytes(path, json.dumps(history).encode("utf-8"))
     return path
 
 

@@ -13,7 +13,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from coordinator.report.history import NONFINITE_DEVIATION, load_history
+from rankscope.coordinator.report.history import NONFINITE_DEVIATION, load_history
+from rankscope.wire.atomic import atomic_write_bytes
+from rankscope.wire.layout import bundle_dirs
 
 REPORT_FILE = "report.html"
 #: Heatmap cap: beyond this many cells the step window is narrowed around the
@@ -49,14 +51,12 @@ def render_report(incident_dir: Path | str, history: dict | None = None) -> Path
                                                           incident.get("missing_bundles") or []))
     page = page.replace("{{data_json}}", _script_json(data))
     out = incident_dir / REPORT_FILE
-    tmp = out.with_suffix(".html.tmp")
-    tmp.write_text(page, encoding="utf-8")
-    tmp.replace(out)
+    atomic_write_bytes(out, page.encode("utf-8"))
     return out
 
 
 def _template() -> str:
-    return resources.files("coordinator.report").joinpath("template.html").read_text(encoding="utf-8")
+    return resources.files("rankscope.coordinator.report").joinpath("template.html").read_text(encoding="utf-8")
 
 
 def _script_json(obj: Any) -> str:
@@ -115,10 +115,9 @@ def _bundle_table(incident_dir: Path, bundles: dict, missing: list) -> str:
     incomplete = {str(r) for r in missing}
     rows = []
     seen = set()
-    for rank_dir in sorted(p for p in incident_dir.glob("rank_*") if p.is_dir()):
+    for rank, rank_dir in bundle_dirs(incident_dir):
         files = sorted(f for f in rank_dir.rglob("*") if f.is_file() and not f.name.startswith("."))
         size = sum(f.stat().st_size for f in files)
-        rank = rank_dir.name[len("rank_"):]
         seen.add(rank)
         cls = "bundle incomplete" if rank in incomplete else "bundle"
         rows.append(f'<tr class="{cls}" data-rank="{html.escape(rank)}"><td>{html.escape(rank)}</td>'

@@ -18,9 +18,8 @@ import math
 from dataclasses import dataclass
 from typing import Callable
 
-import numpy as np
-
 import mindspore as ms
+import numpy as np
 from mindspore import Tensor, nn, ops
 
 #: Seed every replica initialises its weights from; a fault may change it on one worker.

@@ -17,9 +17,8 @@ import enum
 from dataclasses import dataclass
 
 import mindspore as ms
-from mindspore import ops
-
 from decoder import WEIGHT_SEED, IterationHook, TinyDecoder
+from mindspore import ops
 
 PERTURBATION = 1e-3
 

@@ -12,7 +12,6 @@ import zlib
 from dataclasses import asdict, dataclass
 
 import numpy as np
-
 from mindspore import nn
 
 

@@ -77,8 +77,8 @@ def run(args: argparse.Namespace) -> dict:
     if str(HERE) not in sys.path:
         sys.path.insert(0, str(HERE))
     import mindspore as ms
-    from faults import iteration_hook, parse_fault, weight_dtype, weight_seed
     from decoder import DecoderConfig, build_model, greedy_generate, make_prompts
+    from faults import iteration_hook, parse_fault, weight_dtype, weight_seed
     from replica_trace import ReplicaTrace
 
     ms.set_context(mode=ms.PYNATIVE_MODE)
@@ -93,7 +93,7 @@ def run(args: argparse.Namespace) -> dict:
 
     debugger = None
     if args.debugger:
-        from agent import PrecisionDebugger
+        from rankscope import PrecisionDebugger
         dump_path = args.dump_path or os.environ.get("RANKSCOPE_DUMP_PATH")
         debugger = PrecisionDebugger(config_path=str(debugger_config(args)), dump_path=dump_path)
     if args.go_file is not None:

@@ -7,9 +7,9 @@ from typing import Any
 
 import numpy as np
 
-from agent.records import STAT_COLUMNS, Kind
-from coordinator.logic.aligner import NO_EXEC, StepView
-from coordinator.logic.verdict import Verdict
+from rankscope.coordinator.logic.aligner import NO_EXEC, StepView
+from rankscope.coordinator.logic.verdict import Verdict
+from rankscope.wire.records import STAT_COLUMNS, Kind
 
 #: Evidence lists at most this many ranks' values, so a 1024-rank verdict stays small.
 MAX_EVIDENCE_RANKS = 64

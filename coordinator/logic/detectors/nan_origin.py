@@ -8,10 +8,16 @@ replicated kinds searched.
 """
 from __future__ import annotations
 
-from agent.records import PRE_REDUCTION_KINDS
-from coordinator.logic.aligner import StepView
-from coordinator.logic.detectors.common import first_flagged, group_values, kind_mask, make_verdict, stats_dict
-from coordinator.logic.verdict import Verdict
+from rankscope.coordinator.logic.aligner import StepView
+from rankscope.coordinator.logic.detectors.common import (
+    first_flagged,
+    group_values,
+    kind_mask,
+    make_verdict,
+    stats_dict,
+)
+from rankscope.coordinator.logic.verdict import Verdict
+from rankscope.wire.records import PRE_REDUCTION_KINDS
 
 _PRE = frozenset(int(k) for k in PRE_REDUCTION_KINDS)
 

@@ -18,11 +18,18 @@ import math
 
 import numpy as np
 
-from agent.records import Kind
-from coordinator.logic.aligner import StepView
-from coordinator.logic.detectors.common import first_flagged, group_values, kind_mask, make_verdict, nanmedian0, num
-from coordinator.logic.settings import OutlierSettings
-from coordinator.logic.verdict import Verdict
+from rankscope.config.detectors import OutlierSettings
+from rankscope.coordinator.logic.aligner import StepView
+from rankscope.coordinator.logic.detectors.common import (
+    first_flagged,
+    group_values,
+    kind_mask,
+    make_verdict,
+    nanmedian0,
+    num,
+)
+from rankscope.coordinator.logic.verdict import Verdict
+from rankscope.wire.records import Kind
 
 _KINDS = frozenset({int(Kind.LOSS), int(Kind.GRAD_LOCAL), int(Kind.FORWARD)})
 _SIGMA = 1.4826  # MAD -> standard deviation for normal data

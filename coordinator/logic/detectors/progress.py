@@ -8,10 +8,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from coordinator.logic.aligner import LIVE_STATES, Group, RankRecord, RankState, StepView
-from coordinator.logic.detectors.common import MAX_EVIDENCE_RANKS
-from coordinator.logic.settings import ProgressSettings
-from coordinator.logic.verdict import Verdict
+from rankscope.config.detectors import ProgressSettings
+from rankscope.coordinator.logic.aligner import (
+    LIVE_STATES,
+    Group,
+    RankRecord,
+    RankState,
+    StepView,
+)
+from rankscope.coordinator.logic.detectors.common import MAX_EVIDENCE_RANKS
+from rankscope.coordinator.logic.verdict import Verdict
 
 
 class ProgressDetector:

@@ -12,10 +12,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from agent.records import NO_CRC, REPLICATED_KINDS
-from coordinator.logic.aligner import StepView
-from coordinator.logic.detectors.common import MAX_EVIDENCE_RANKS, first_flagged, kind_mask, make_verdict, stats_dict
-from coordinator.logic.verdict import Verdict
+from rankscope.coordinator.logic.aligner import StepView
+from rankscope.coordinator.logic.detectors.common import (
+    MAX_EVIDENCE_RANKS,
+    first_flagged,
+    kind_mask,
+    make_verdict,
+    stats_dict,
+)
+from rankscope.coordinator.logic.verdict import Verdict
+from rankscope.wire.records import NO_CRC, REPLICATED_KINDS
 
 _REPL = frozenset(int(k) for k in REPLICATED_KINDS)
 _ABSENT = np.uint64(0xFFFFFFFFFFFFFFFF)

@@ -12,12 +12,19 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from agent.records import NO_CRC
-from coordinator.logic.aligner import StepView
-from coordinator.logic.detectors.common import first_flagged, group_values, kind_mask, make_verdict, num, stats_dict
-from coordinator.logic.verdict import Verdict
-from coordinator.logic.watchpoint_rules import Condition as C
-from coordinator.logic.watchpoint_rules import WatchpointRule
+from rankscope.config.watchpoints import Condition as C
+from rankscope.config.watchpoints import WatchpointRule
+from rankscope.coordinator.logic.aligner import StepView
+from rankscope.coordinator.logic.detectors.common import (
+    first_flagged,
+    group_values,
+    kind_mask,
+    make_verdict,
+    num,
+    stats_dict,
+)
+from rankscope.coordinator.logic.verdict import Verdict
+from rankscope.wire.records import NO_CRC
 
 _OVERFLOW = {C.TO, C.WO, C.GE}
 _RANGE = {C.TR, C.AR}

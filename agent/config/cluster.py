@@ -1,0 +1,139 @@
+"""config.json's ``cluster`` section: where the node agent is and how ranks are compared.
+
+One schema for every process: the probe reads ``agent``, ``job``, ``sentinels``,
+``on_terminate``, ``dp_index`` and ``flight_recorder_steps``; the coordinator reads the
+groups, deadlines, detectors and watchpoints; ``rankscope launch`` checks all of it
+before anything starts. Every error names the field and the value, because the section
+is hand-written.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from rankscope.config.checks import (
+    choice,
+    is_int,
+    known_keys,
+    positive_float,
+    positive_int,
+)
+from rankscope.config.detectors import DetectorSettings, parse_detectors
+from rankscope.config.errors import ConfigError
+from rankscope.config.watchpoints import WatchpointRule, parse_watchpoints
+
+
+class OnDivergence(str, enum.Enum):
+    """What the cluster does once a verdict opens an incident.
+
+    PAUSE: pause every rank, export, write, then hold paused for the operator.
+    EXPORT: pause, export, write, resume on its own. TERMINATE: pause, export,
+    write, terminate. CONTINUE: export without pausing, write, keep training.
+    """
+
+    PAUSE = "pause"
+    EXPORT = "export"
+    TERMINATE = "terminate"
+    CONTINUE = "continue"
+
+
+#: ``groups`` spellings: "dp" = every rank of a job is one data-parallel group;
+#: "replicas" = likewise, but the ranks get identical input (inference DP), so every
+#: record kind, not only parameters/reduced grads, must match bit for bit.
+GROUP_MODES = ("dp", "replicas")
+#: What a rank does when the coordinator terminates the job: raise RankscopeTerminated
+#: in the training thread, or leave at once with exit status 86.
+ON_TERMINATE = ("raise", "exit")
+
+Groups = str | tuple[tuple[int, ...], ...]
+
+
+@dataclass(frozen=True)
+class ClusterSettings:
+    agent: str | None = None
+    job: str | None = None
+    sentinels: bool = True
+    groups: Groups = "dp"
+    on_divergence: OnDivergence = OnDivergence.PAUSE
+    on_terminate: str = "raise"
+    deadline_s: float = 30.0
+    flight_recorder_steps: int = 8
+    dp_index: int | None = None
+    #: Steps held unjudged per group before the oldest is judged early; bounds memory
+    #: when a rank falls far behind.
+    max_pending_steps: int = 64
+    pause_timeout_s: float = 30.0
+    export_timeout_s: float = 120.0
+    detectors: DetectorSettings = field(default_factory=DetectorSettings)
+    watchpoints: tuple[WatchpointRule, ...] = ()
+    #: The section as written (validated): what a process hands on to another.
+    section: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def replicas_mode(self) -> bool:
+        return self.groups == "replicas"
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.section)
+
+
+KNOWN_FIELDS = frozenset(f for f in ClusterSettings.__dataclass_fields__ if f != "section")
+
+
+def parse_cluster(section: Mapping[str, Any] | None) -> ClusterSettings:
+    """Validate the ``cluster`` section (None or {} -> defaults)."""
+    sec = dict(known_keys("cluster", {} if section is None else section, KNOWN_FIELDS))
+    kw: dict[str, Any] = {}
+    for key, val in sec.items():
+        fld = f"cluster.{key}"
+        if key in ("agent", "job"):
+            if val is not None and (not isinstance(val, str) or not val):
+                raise ConfigError(fld, val, "expected a non-empty string or null")
+            kw[key] = val
+        elif key == "sentinels":
+            if not isinstance(val, bool):
+                raise ConfigError(fld, val, "expected true or false")
+            kw[key] = val
+        elif key == "groups":
+            kw[key] = _parse_groups(val)
+        elif key == "on_divergence":
+            kw[key] = OnDivergence(choice(fld, val, [p.value for p in OnDivergence]))
+        elif key == "on_terminate":
+            kw[key] = choice(fld, val, ON_TERMINATE)
+        elif key in ("deadline_s", "pause_timeout_s", "export_timeout_s"):
+            kw[key] = positive_float(fld, val)
+        elif key in ("flight_recorder_steps", "max_pending_steps"):
+            kw[key] = positive_int(fld, val)
+        elif key == "dp_index":
+            if val is not None and (not is_int(val) or val < 0):
+                raise ConfigError(fld, val, "expected an integer >= 0 or null")
+            kw[key] = val
+        elif key == "detectors":
+            if val is not None:
+                kw[key] = parse_detectors(val)
+        elif key == "watchpoints":
+            if val is not None:
+                kw[key] = parse_watchpoints(val, fld)
+    return ClusterSettings(section=sec, **kw)
+
+
+def _parse_groups(val: Any) -> Groups:
+    if isinstance(val, str):
+        return choice("cluster.groups", val, GROUP_MODES)
+    if not isinstance(val, (list, tuple)) or not val:
+        raise ConfigError("cluster.groups", val, "expected 'dp', 'replicas' or a non-empty list of rank lists")
+    seen: set[int] = set()
+    groups = []
+    for i, grp in enumerate(val):
+        fld = f"cluster.groups[{i}]"
+        if not isinstance(grp, (list, tuple)) or not grp:
+            raise ConfigError(fld, grp, "expected a non-empty list of rank ids")
+        for rank in grp:
+            if not is_int(rank) or rank < 0:
+                raise ConfigError(fld, rank, "rank ids must be integers >= 0")
+            if rank in seen:
+                raise ConfigError(fld, rank, "rank appears in more than one group")
+            seen.add(rank)
+        groups.append(tuple(grp))
+    return tuple(groups)

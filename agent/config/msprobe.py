@@ -1,0 +1,175 @@
+"""config.json for the in-rank probe: msProbe's fields plus rankscope's "cluster" and "rdr".
+
+The file format is msProbe's (seeds/001) so an existing msProbe config.json works
+unchanged. Validation is strict and happens at construction: a misspelt key or a
+wrong type silently ignored would mean a whole training run without the dump the
+user asked for, so every problem raises :class:`ConfigError` naming the field and
+the offending value. msProbe keys this probe does not act on (e.g. ``async_dump``,
+``acc_check``) are accepted and ignored, so msProbe configs stay valid.
+
+Precedence follows msProbe: constructor arguments > config.json > msProbe defaults
+(task "statistics", dump_path "./dump_path", level "L1", summary_mode "statistics").
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from rankscope.config.checks import choice, is_int, known_keys, str_list
+from rankscope.config.cluster import ClusterSettings, parse_cluster
+from rankscope.config.errors import ConfigError
+from rankscope.config.file import read_config_file
+
+TASKS = ("statistics", "tensor")
+LEVELS = ("L0", "L1", "mix", "debug")
+SUMMARY_MODES = ("statistics", "md5")
+DATA_MODES = ("all", "input", "output", "forward", "backward")
+
+#: msProbe's own bounds for step/rank numbers.
+STEP_RANK_MAX = 1_000_000
+
+# Top-level keys msProbe understands but this probe does not act on: accepted so an
+# msProbe config.json loads unchanged, ignored otherwise.
+_MSPROBE_IGNORED_TOP = frozenset({
+    "extra_info", "async_dump", "precision", "dump_enable", "risk_level",
+    "custom_op_namespaces", "load", "acc_check", "overflow_check", "free_benchmark",
+    "run_ut", "grad_probe", "structure", "exception_dump", "diff_check", "nan_check",
+})
+_TOP_KEYS = frozenset({"task", "dump_path", "rank", "step", "level", "statistics", "tensor",
+                       "rdr", "cluster"}) | _MSPROBE_IGNORED_TOP
+# Task-section keys msProbe understands beyond the four we use.
+_TASK_IGNORED = frozenset({"slice", "request_id", "diff_nums", "device", "precision",
+                           "tensor_list", "file_format", "online_run_ut", "nfs_path",
+                           "host", "port", "error_data_path", "bench_path"})
+_TASK_KEYS = frozenset({"scope", "list", "data_mode", "summary_mode"}) | _TASK_IGNORED
+
+
+@dataclass
+class DebuggerConfig:
+    task: str = "statistics"
+    dump_path: str = "./dump_path"
+    rank: list[int] = field(default_factory=list)  # empty = every rank
+    step: list[int] = field(default_factory=list)  # empty = every step
+    level: str = "L1"
+    scope: list[str] = field(default_factory=list)
+    list: list[str] = field(default_factory=list)
+    data_mode: list[str] = field(default_factory=lambda: ["all"])
+    summary_mode: str = "statistics"
+    rdr: dict | None = None
+    cluster: ClusterSettings = field(default_factory=ClusterSettings)
+
+    def to_dict(self) -> dict:
+        """Plain JSON-able dict (for RDR bundles and logs)."""
+        out = {k: v for k, v in asdict(self).items() if k != "cluster"}
+        out["cluster"] = self.cluster.to_dict()
+        return out
+
+    def step_selected(self, step: int) -> bool:
+        return not self.step or step in self.step
+
+    def rank_selected(self, rank: int | None) -> bool:
+        # An unknown rank (proc{pid}) is dumped: msProbe does the same for single-process runs.
+        return not self.rank or rank is None or rank in self.rank
+
+
+# ---------------------------------------------------------------- field checks
+def _parse_step_or_rank(value: Any, fname: str) -> list[int]:
+    """msProbe's step/rank syntax: a list of ints and "a-b" / "a" strings -> sorted unique ints."""
+    if value is None:
+        return []
+    if not isinstance(value, (list, tuple)):
+        raise ConfigError(fname, value, "expected a list of integers or 'a-b' range strings")
+    out: set[int] = set()
+    for item in value:
+        if is_int(item):
+            lo = hi = item
+        elif isinstance(item, str):
+            parts = item.strip().split("-")
+            try:
+                if len(parts) == 1:
+                    lo = hi = int(parts[0])
+                elif len(parts) == 2:
+                    lo, hi = int(parts[0]), int(parts[1])
+                else:
+                    raise ValueError
+            except ValueError:
+                raise ConfigError(fname, item, "range strings look like '3' or '4-6'") from None
+            if lo > hi:
+                raise ConfigError(fname, item, f"range start {lo} is greater than its end {hi}")
+        else:
+            raise ConfigError(fname, item, "elements must be integers or 'a-b' range strings")
+        if not (0 <= lo and hi <= STEP_RANK_MAX):
+            raise ConfigError(fname, item, f"values must lie in [0, {STEP_RANK_MAX}]")
+        out.update(range(lo, hi + 1))
+    return sorted(out)
+
+
+def _task_section(raw: dict, task: str) -> tuple[list[str], list[str], list[str], str]:
+    # Validate both sections if present (a typo in the unused one is still a typo),
+    # but take the values from the section of the effective task, as msProbe does.
+    parsed = {}
+    for name in TASKS:
+        sec = raw.get(name)
+        if sec is None:
+            sec = {}
+        known_keys(name, sec, _TASK_KEYS)
+        scope = str_list(f"{name}.scope", sec.get("scope"))
+        if scope and len(scope) != 2:
+            raise ConfigError(f"{name}.scope", scope, "scope names a [start, end] pair: exactly 2 entries")
+        lst = str_list(f"{name}.list", sec.get("list"))
+        data_mode = str_list(f"{name}.data_mode", sec.get("data_mode")) or ["all"]
+        for mode in data_mode:
+            choice(f"{name}.data_mode", mode, DATA_MODES)
+        if "all" in data_mode and len(data_mode) != 1:
+            raise ConfigError(f"{name}.data_mode", data_mode, "'all' cannot be combined with other modes")
+        summary = sec.get("summary_mode", "statistics")
+        if summary is None:
+            summary = "statistics"
+        choice(f"{name}.summary_mode", summary, SUMMARY_MODES)
+        parsed[name] = (scope, lst, data_mode, summary)
+    return parsed[task]
+
+
+def _check_rdr(section: Any) -> dict | None:
+    """Shape check now; the env fallback applies when the recorder is installed."""
+    if section is None:
+        return None
+    from rankscope.config.rdr import resolve_rdr
+    resolve_rdr(section, env={})
+    return dict(section)
+
+
+def _first(*values: Any) -> Any:
+    """First value that is not None (0 or "" are values, and get validated)."""
+    return next(v for v in values if v is not None)
+
+
+def load_config(config_path: str | os.PathLike | None = None, *, task: str | None = None,
+                dump_path: str | None = None, level: str | None = None,
+                step: list | None = None) -> DebuggerConfig:
+    """Load and validate config.json; the keyword arguments win over the file (msProbe's rule)."""
+    raw = read_config_file(config_path) if config_path is not None else {}
+    return config_from_dict(raw, task=task, dump_path=dump_path, level=level, step=step)
+
+
+def config_from_dict(raw: dict, *, task: str | None = None, dump_path: str | None = None,
+                     level: str | None = None, step: list | None = None) -> DebuggerConfig:
+    """Same as :func:`load_config` for an already-parsed dict."""
+    known_keys("", raw, _TOP_KEYS)
+    # Constructor arguments are checked under their own names so the error says which one.
+    eff_task = choice("task", _first(task, raw.get("task"), "statistics"), TASKS)
+    eff_level = choice("level", _first(level, raw.get("level"), "L1"), LEVELS)
+    eff_dump = _first(dump_path, raw.get("dump_path"), "./dump_path")
+    if isinstance(eff_dump, os.PathLike):
+        eff_dump = os.fspath(eff_dump)
+    if not isinstance(eff_dump, str) or not eff_dump:
+        raise ConfigError("dump_path", eff_dump, "expected a non-empty path string")
+    steps = _parse_step_or_rank(step if step is not None else raw.get("step"), "step")
+    ranks = _parse_step_or_rank(raw.get("rank"), "rank")
+    scope, lst, data_mode, summary = _task_section(raw, eff_task)
+    return DebuggerConfig(
+        task=eff_task, dump_path=eff_dump, rank=ranks, step=steps, level=eff_level,
+        scope=scope, list=lst, data_mode=data_mode, summary_mode=summary,
+        rdr=_check_rdr(raw.get("rdr")), cluster=parse_cluster(raw.get("cluster")),
+    )

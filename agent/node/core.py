@@ -1,0 +1,314 @@
+"""The node agent's decisions: no sockets, no threads, time from an injected clock.
+
+:class:`NodeCore` is fed every frame a rank sends (:meth:`on_rank_frame`), every frame
+the coordinator sends (:meth:`on_coordinator_frame`), connection changes
+(:meth:`on_link_up`) and the passing of time (:meth:`tick`). What it decides to send
+goes into an :class:`Outbox` that the loop (:mod:`.daemon`) empties onto its sockets;
+files it owns (bundles written on a dead rank's behalf, ``rank_map.json``) it writes
+itself. Tests drive it with encoded frames and a scripted clock.
+
+Rank frames are forwarded byte for byte (their src/seq intact, so the coordinator
+de-duplicates spool replays); the agent adds its own REGISTER (with the assigned id),
+RANK_LOST, RANK_MAP and STATUS messages.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from rankscope.node.bundles import RankBundles
+from rankscope.node.liveness import LivenessMonitor, ProcStat, read_stat
+from rankscope.node.name_ledger import NameLedger
+from rankscope.node.registry import ProcessState, RankEntry, RankRegistry
+from rankscope.node.relay import ControlRelay
+from rankscope.node.settings import AgentSettings
+from rankscope.wire import protocol
+from rankscope.wire.layout import rank_to_wire, safe_id
+from rankscope.wire.protocol import Message, encode
+from rankscope.wire.rank_map import write_rank_map
+
+log = logging.getLogger(__name__)
+
+#: How long a rank whose process is gone may still deliver what it sent before dying.
+EXIT_GRACE_S = 1.0
+LIVENESS_EVERY_S = 0.2
+STATUS_EVERY_S = 2.0
+
+Key = tuple[str, int]  # ("job|src", seq) of a durable frame, for acknowledgements
+
+
+@dataclass
+class Outbox:
+    """What the loop must send: to ranks by routing identity, and to the coordinator
+    (durable frames go through the spool, volatile ones only when the link is idle)."""
+
+    to_ranks: list[tuple[bytes, bytes]] = field(default_factory=list)
+    up: list[tuple[bytes, Key | None]] = field(default_factory=list)
+    up_volatile: list[bytes] = field(default_factory=list)
+    #: The coordinator's acknowledgements: {"job|src": seq} high-water marks.
+    acks: list[dict] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.to_ranks or self.up or self.up_volatile or self.acks)
+
+
+class NodeCore:
+    def __init__(self, settings: AgentSettings, host: str, src: str, *,
+                 clock: Callable[[], float] = time.monotonic, seq_start: int = 0,
+                 read_proc: Callable[[int], ProcStat | None] = read_stat) -> None:
+        self.s = settings
+        self.host, self.src = host, src
+        self.clock = clock
+        self._seq = protocol.SeqCounter(start=seq_start)
+        self.registry = RankRegistry(settle_s=settings.settle_s, clock=clock)
+        self.liveness = LivenessMonitor(host, settings.heartbeat_timeout_s, read_proc)
+        self.bundles = RankBundles(settings.bundle_dir, settings.flight_recorder_steps)
+        self.relay = ControlRelay()
+        self.names = NameLedger()
+        self.decoder = protocol.Decoder(job=settings.job)
+        self._updecoder = protocol.Decoder(job=None)
+        self.forwarded = 0
+        self.out = Outbox()
+        self._dying: dict[int, tuple[float, object]] = {}  # id(entry) -> (first seen dead, Lost)
+        self._next_liveness = 0.0
+        self._next_status = 0.0
+
+    def take(self) -> Outbox:
+        out, self.out = self.out, Outbox()
+        return out
+
+    # --- building frames -------------------------------------------------------------
+    def _msg(self, mtype: str, job: str, body: dict, src: str | None = None) -> bytes:
+        return encode(Message(mtype, job, src or self.src, self._seq(), body))
+
+    def _up_own(self, mtype: str, job: str, body: dict, src: str | None = None) -> None:
+        seq = self._seq()
+        src = src or self.src
+        self.out.up.append((encode(Message(mtype, job, src, seq, body)), (f"{job}|{src}", seq)))
+
+    def _to_rank(self, entry: RankEntry, frame: bytes) -> None:
+        self.out.to_ranks.append((entry.identity, frame))
+
+    def publish_map(self, job: str) -> None:
+        rows = self.registry.rank_map(job)
+        try:
+            write_rank_map(self.bundles.root / safe_id(job) / "rank_map.json", rows)
+        except OSError as exc:
+            log.error("cannot write rank_map.json for job %s: %s", job, exc)
+        self._up_own(protocol.RANK_MAP, job, {"entries": rows})
+
+    # --- ranks -> agent ---------------------------------------------------------------
+    def on_rank_frame(self, ident: bytes, frame: bytes) -> None:
+        msg = self.decoder.decode(frame)
+        if msg is None:
+            return
+        try:
+            self._on_rank(ident, frame, msg)
+        except Exception:  # one odd message must not stop the node's agent
+            log.exception("handling %s from %s failed", msg.type, msg.src)
+
+    def _on_rank(self, ident: bytes, frame: bytes, msg: Message) -> None:
+        entry = self.registry.by_identity(ident)
+        key = (f"{msg.job}|{msg.src}", msg.seq)
+        if msg.type == protocol.STEP:
+            self.names.note(key[0], msg.body["new_names"])
+            if entry is not None:
+                entry.last_step = max(entry.last_step, msg.body["step"])
+                self.bundles.record(entry, protocol.step_from_message(msg))
+            self.out.up.append((frame, key))
+            self.forwarded += 1
+        elif msg.type == protocol.HEARTBEAT:
+            if entry is not None:
+                entry.extra["src"] = key[0]
+                entry.extra["state"] = msg.body["state"]
+                if self.liveness.heartbeat(entry, self.clock()):
+                    self._up_own(protocol.STATUS, entry.job, {"what": "rank_back", "detail": {
+                        "rank": entry.assigned_rank, "pid": entry.pid}})
+            self.out.up_volatile.append(frame)
+        elif msg.type == protocol.REGISTER:
+            self._on_register(ident, msg, key)
+        elif msg.type == protocol.STATUS:
+            self._on_rank_status(entry, frame, msg, key)
+        elif msg.type == protocol.BUNDLE_CHUNK:
+            self.out.up.append((frame, key))
+        else:
+            self.decoder.rejected[f"unexpected_{msg.type}"] += 1
+
+    def _on_register(self, ident: bytes, msg: Message, key: Key) -> None:
+        body = dict(msg.body)
+        if body["pid"] <= 0 or not body["host"]:
+            self.decoder.rejected["bad_register"] += 1
+            log.warning("REGISTER from %s refused: pid %r, host %r", msg.src, body["pid"], body["host"][:60])
+            return
+        if body["claimed_rank"] is not None and body["claimed_rank"] < 0:
+            body["claimed_rank"] = None  # "-1" is how some frameworks say "no rank"
+        entry = self.registry.claim(ident, msg.job, body)
+        entry.extra["src"] = key[0]
+        if entry.state is ProcessState.LIVE:
+            self._answer(entry, forward=False)  # a reconnecting rank: same id again
+
+    def _on_rank_status(self, entry: RankEntry | None, frame: bytes, msg: Message, key: Key) -> None:
+        what = msg.body["what"]
+        if entry is not None and what == "bye":
+            detail = msg.body.get("detail") or {}
+            self.liveness.forget(entry)
+            self.names.retire(key[0])
+            if detail.get("ok", True) is False:
+                # Ended by an uncaught exception: lost to the job, with what it said.
+                error = str(detail.get("error") or "uncaught exception")[:300]
+                self._lose(entry, None, f"raised: {error}")
+                return
+            self.registry.finish(entry)
+            self.bundles.retire(entry)
+            self._up_own(protocol.STATUS, entry.job, {"what": "finished", "detail": {
+                "rank": entry.assigned_rank, "step": entry.last_step, "pid": entry.pid}})
+            self.publish_map(entry.job)
+        elif entry is not None and what == "export_none":
+            # The rank has no bundle of its own: send what this agent saw of it.
+            detail = msg.body.get("detail") or {}
+            transfer = str(detail.get("transfer") or detail.get("incident") or "export")
+            self._export_on_behalf(entry, transfer, f"export requested; the rank had no bundle "
+                                                    f"({detail.get('error') or 'no RDR recorder'})", final=False)
+        else:
+            if entry is not None and what == "terminated":
+                entry.extra["state"] = "terminated"  # its exit that follows is not a loss
+            self.out.up.append((frame, key))
+
+    def _answer(self, entry: RankEntry, forward: bool = True) -> None:
+        body = {"assigned_rank": entry.assigned_rank, "claimed_rank": entry.claimed_rank,
+                "remapped": entry.remapped}
+        self._to_rank(entry, self._msg(protocol.REGISTERED, entry.job, body))
+        if not forward:
+            return
+        self.liveness.watch(entry, self.clock())
+        if entry.remapped:
+            log.warning("job %s: pid %d on %s claimed rank %s, which another live process holds: "
+                        "assigned rank %d", entry.job, entry.pid, entry.host, entry.claimed_rank,
+                        entry.assigned_rank)
+        self._forward_register(entry)
+        self.publish_map(entry.job)
+        sticky = self.relay.for_newcomer(entry.job)
+        if sticky is not None:
+            self._to_rank(entry, sticky)
+
+    def _forward_register(self, entry: RankEntry) -> None:
+        body = {"host": entry.host, "pid": entry.pid, "claimed_rank": entry.claimed_rank,
+                "world_size": entry.world_size, "dp_index": entry.dp_index, "device_id": entry.device_id,
+                "local_rank": entry.local_rank, "label": entry.label, "assigned_rank": entry.assigned_rank}
+        if "versions" in entry.extra:
+            body["versions"] = entry.extra["versions"]
+        self._up_own(protocol.REGISTER, entry.job, body, src=f"rank:{entry.assigned_rank}")
+
+    # --- time ---------------------------------------------------------------------------
+    def tick(self, ranks_drained: bool = True, link_stats: dict | None = None) -> None:
+        """Answer registrations whose settle window passed; every so often check liveness
+        and report the agent's status. ``ranks_drained``: nothing from ranks is waiting
+        unread (a dead rank's last frames are read before it is declared lost)."""
+        now = self.clock()
+        for entry in self.registry.due(now):
+            self._answer(entry)
+        if now >= self._next_liveness:
+            self._next_liveness = now + LIVENESS_EVERY_S
+            self._check_liveness(now, ranks_drained)
+        if now >= self._next_status:
+            self._next_status = now + STATUS_EVERY_S
+            self._status(link_stats)
+
+    def _check_liveness(self, now: float, ranks_drained: bool) -> None:
+        for lost in self.liveness.check(self.registry.live(), now):
+            e = lost.entry
+            if lost.reason == "exited":
+                # Its last steps and its goodbye may still be queued in our socket: first
+                # sight only starts a grace period (keeping the exit status read now,
+                # while the kernel still shows it).
+                self._dying.setdefault(id(e), (now, lost))
+            else:
+                self._report_lost(e, None, f"unresponsive: no heartbeat for {self.s.heartbeat_timeout_s:g}s")
+        for key, (since, lost) in list(self._dying.items()):
+            e = lost.entry
+            if e.state is not ProcessState.LIVE:
+                del self._dying[key]  # it said goodbye after all
+            elif now - since >= EXIT_GRACE_S and ranks_drained:
+                del self._dying[key]
+                self.liveness.forget(e)
+                self.names.retire(e.extra.get("src", ""))
+                if e.extra.get("state") == "terminated":
+                    # The coordinator terminated it and it exited (on_terminate=exit): done.
+                    e.exit_status = lost.exit_status
+                    self.registry.finish(e)
+                    self.bundles.retire(e)
+                    self.publish_map(e.job)
+                else:
+                    self._lose(e, lost.exit_status, "exited")
+
+    def _lose(self, e: RankEntry, exit_status: int | None, reason: str) -> None:
+        """The rank is gone: mark it, write its bundle from what this agent saw, tell the coordinator."""
+        self.registry.lose(e, exit_status, reason)
+        status = "unknown" if exit_status is None else str(exit_status)
+        self.bundles.write_on_behalf(e, f"rank lost ({reason}, exit status {status}); written by the node "
+                                        f"agent from its flight recorder", self.registry.rank_map(e.job))
+        self._report_lost(e, exit_status, reason)
+
+    def _report_lost(self, e: RankEntry, exit_status: int | None, reason: str) -> None:
+        log.warning("job %s rank %s (pid %d) lost: %s, last step %d, exit status %s",
+                    e.job, e.assigned_rank, e.pid, reason, e.last_step, exit_status)
+        self._up_own(protocol.RANK_LOST, e.job, {
+            "rank": rank_to_wire(e.assigned_rank), "pid": e.pid,
+            "last_step": e.last_step, "exit_status": exit_status, "reason": reason})
+        self.publish_map(e.job)
+
+    def _status(self, link_stats: dict | None) -> None:
+        if link_stats is None:
+            return  # no coordinator to tell
+        detail = {"host": self.host, "ranks": len(self.registry.live()), "forwarded": self.forwarded,
+                  "rejected": sum(self.decoder.rejected.values()), **link_stats}
+        for job in {e.job for e in self.registry.live()} or {self.s.job or ""}:
+            self.out.up_volatile.append(self._msg(protocol.STATUS, job, {"what": "agent", "detail": detail}))
+
+    # --- coordinator -> agent ----------------------------------------------------------
+    def on_coordinator_frame(self, frame: bytes) -> None:
+        msg = self._updecoder.decode(frame)
+        if msg is None:
+            return
+        if msg.type == protocol.CONTROL:
+            self._on_control(frame, msg)
+        elif msg.type == protocol.STATUS and msg.body["what"] == "ack":
+            high = (msg.body.get("detail") or {}).get("high")
+            if isinstance(high, dict):
+                self.out.acks.append(high)
+
+    def _on_control(self, frame: bytes, msg: Message) -> None:
+        self.relay.remember(msg, frame)
+        for entry in self.relay.targets(self.registry, msg):
+            self._to_rank(entry, frame)
+        if msg.body["command"] == "export":
+            args = msg.body.get("args") or {}
+            transfer = str(args.get("transfer") or msg.body.get("incident") or "export")
+            for entry in self.relay.gone(self.registry, msg):
+                why = "rank lost before the export" if entry.state is ProcessState.LOST else \
+                    "rank had finished before the export"
+                self._export_on_behalf(entry, transfer, why)
+            jobs = {msg.job} if msg.job else {e.job for e in self.registry.entries()}
+            for job in jobs:
+                self.publish_map(job)
+
+    def _export_on_behalf(self, entry: RankEntry, transfer: str, reason: str, final: bool = True) -> None:
+        self.bundles.write_on_behalf(entry, reason, self.registry.rank_map(entry.job), final=final)
+        n = 0
+        for body in self.bundles.chunks(entry, transfer):
+            self._up_own(protocol.BUNDLE_CHUNK, entry.job, body)
+            n += 1
+        log.info("sent %d bundle chunks for rank %s (transfer %s)", n, entry.assigned_rank, transfer)
+
+    def on_link_up(self) -> None:
+        """A (re)connected coordinator may have lost everything: registrations, the rank
+        map, and the name tables the ranks sent long ago (owed with their next STEP)."""
+        jobs = set()
+        for e in self.registry.live():
+            self._forward_register(e)
+            jobs.add(e.job)
+        for job in jobs:
+            self.publish_map(job)
+        self.names.owe_all()

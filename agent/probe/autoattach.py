@@ -1,0 +1,282 @@
+"""Zero-code attach: probe a training script that never imports ``agent``.
+
+``install()`` runs at interpreter start-up in every process under ``rankscope launch``
+(agent/_attach/sitecustomize.py, env RANKSCOPE_ATTACH=1). It must cost nothing in
+processes that never train (msrun's launcher), so it only adds a meta-path finder that
+waits for ``mindspore`` to be imported. Then an :class:`AutoSession` creates a
+PrecisionDebugger (RANKSCOPE_CONFIG, RANKSCOPE_DUMP_PATH; default L0 statistics +
+sentinels) and finds what user code would have passed:
+
+- the model: the Cell a ``value_and_grad`` function differentiates (the function itself,
+  or the smallest Cell in its closure/globals holding all the weights), or the network
+  given to ``Model``;
+- step boundaries: the end of each optimizer call, or the Model.train callback.
+
+A script that creates its own PrecisionDebugger takes over (:func:`yield_to_user`): the
+session detaches and hands over its node-agent connection, so nothing is hooked twice.
+"""
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import os
+import sys
+import threading
+from typing import Any
+
+from rankscope.probe import handover
+
+_lock = threading.Lock()
+_session: "AutoSession | None" = None
+_finder: "_MindSporeFinder | None" = None
+
+
+def install() -> None:
+    """Arrange for the probe to attach when (and only if) MindSpore is imported."""
+    global _finder
+    handover.register(yield_to_user)
+    if "mindspore" in sys.modules:
+        _on_mindspore()
+        return
+    with _lock:
+        if _finder is None:
+            _finder = _MindSporeFinder()
+            sys.meta_path.insert(0, _finder)
+
+
+def uninstall() -> None:
+    """Remove the import hook and detach a running session (tests)."""
+    global _finder, _session
+    with _lock:
+        if _finder is not None and _finder in sys.meta_path:
+            sys.meta_path.remove(_finder)
+        _finder = None
+        session, _session = _session, None
+    handover.register(None)
+    if session is not None:
+        session.close()
+
+
+def session() -> "AutoSession | None":
+    return _session
+
+
+def yield_to_user(user_debugger: Any) -> tuple[Any, int | None, str] | None:
+    """The script made its own PrecisionDebugger: stop auto-probing and hand over the
+    node-agent client (already registered) so the rank registers once."""
+    global _session
+    with _lock:
+        s, _session = _session, None
+    if s is None:
+        return None
+    dbg = s.debugger
+    client = dbg.client
+    if client is not None and client in dbg.sinks:
+        dbg.sinks.remove(client)  # the user's debugger owns it now; close() must not close it
+    s.close()
+    return client, dbg.rank, dbg._label  # noqa: SLF001
+
+
+class _MindSporeFinder(importlib.abc.MetaPathFinder):
+    """Finds nothing itself: wraps mindspore's loader so the session starts right after
+    ``import mindspore`` finishes."""
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+        if fullname != "mindspore":
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is None or spec.loader is None:
+            return None
+        orig_exec = spec.loader.exec_module
+
+        def exec_module(module: Any) -> None:
+            orig_exec(module)
+            try:
+                if self in sys.meta_path:
+                    sys.meta_path.remove(self)
+            except ValueError:
+                pass
+            _on_mindspore()
+
+        spec.loader.exec_module = exec_module  # type: ignore[method-assign]
+        return spec
+
+
+def _on_mindspore() -> None:
+    global _session
+    with _lock:
+        if _session is not None:
+            return
+        try:
+            _session = AutoSession()
+        except Exception as exc:  # noqa: BLE001 - attaching must never stop the program
+            print(f"[rankscope] auto-attach failed, running unprobed: {exc!r}", file=sys.stderr)
+            _session = None
+
+
+class AutoSession:
+    """One auto-created debugger and the patches that feed it a model and step ends."""
+
+    def __init__(self) -> None:
+        from rankscope.probe.debugger import PrecisionDebugger
+        env = os.environ
+        config_path = env.get("RANKSCOPE_CONFIG") or None
+        level = None if config_path else "L0"
+        self.debugger = PrecisionDebugger(config_path, dump_path=env.get("RANKSCOPE_DUMP_PATH") or None,
+                                          level=level, _auto=True)
+        self.models: list[int] = []
+        self.model_train = False  # Model.train drives steps through the callback
+        self.train_cells = 0  # TrainOneStepCells seen: their call is the step
+        self._patches: list[tuple[Any, str, Any]] = []
+        dbg = self.debugger
+        dbg.sentinels.on_grad_fn = self._on_grad_fn
+        dbg.sentinels.on_optimizer_done = self._on_optimizer_done
+        # The debugger attached its sentinel patches (value_and_grad, Optimizer/Reducer
+        # constructors) already, so the objects the script creates next are seen.
+        self._patch_model()
+        self._patch_train_cell()
+
+    # ------------------------------------------------------------------ model
+    def _on_grad_fn(self, fn: Any, weights: Any) -> None:
+        model = find_model(fn, weights)
+        if model is not None:
+            self.use_model(model)
+
+    def use_model(self, model: Any) -> None:
+        if id(model) in self.models:
+            return
+        self.models.append(id(model))
+        self.debugger.start(model)
+
+    def _on_optimizer_done(self) -> None:
+        if self.model_train or self.train_cells:
+            return  # the callback / the TrainOneStepCell's own end marks the step
+        dbg = self.debugger
+        if not dbg._identified:  # noqa: SLF001 - no model found yet: sentinels still need a rank
+            dbg.start()
+        dbg.step()
+
+    def _patch_model(self) -> None:
+        try:
+            from mindspore.train import Model
+        except Exception:  # noqa: BLE001
+            return
+        orig_train = Model.train
+        session = self
+
+        def train(model_self, epoch, train_dataset, callbacks=None, *args, **kwargs):  # noqa: ANN001
+            try:
+                from rankscope.probe.callback import MsprobeStep
+                session.model_train = True
+                net = getattr(model_self, "_network", None)
+                inner = getattr(model_self, "_backbone", None) or _unwrap_network(net)
+                if inner is not None:
+                    session.use_model(inner)
+                cbs = list(callbacks) if isinstance(callbacks, (list, tuple)) else \
+                    ([callbacks] if callbacks is not None else [])
+                if not any(type(cb).__name__ == "MsprobeStep" for cb in cbs):
+                    cbs.append(MsprobeStep(session.debugger))
+                callbacks = cbs
+            except Exception as exc:  # noqa: BLE001
+                session.debugger.recorder.error("auto-attach Model.train", exc)
+            return orig_train(model_self, epoch, train_dataset, callbacks, *args, **kwargs)
+
+        train.__wrapped__ = orig_train  # type: ignore[attr-defined]
+        self._patches.append((Model, "train", orig_train))
+        Model.train = train
+
+    def _patch_train_cell(self) -> None:
+        """A loop calling ``nn.TrainOneStepCell`` directly: its network is the model, its
+        output the loss, and the end of its call the end of the step (the optimizer runs
+        inside it, before the loss is returned)."""
+        try:
+            from mindspore import nn
+        except Exception:  # noqa: BLE001
+            return
+        cls = nn.TrainOneStepCell
+        orig_init = cls.__init__
+        session = self
+
+        def __init__(cell, network, optimizer, *args, **kwargs):  # noqa: N807, ANN001
+            orig_init(cell, network, optimizer, *args, **kwargs)
+            try:
+                session.train_cells += 1
+                cell.register_forward_hook(session._train_cell_done)
+                session.use_model(_unwrap_network(network))
+            except Exception as exc:  # noqa: BLE001
+                session.debugger.recorder.error("auto-attach TrainOneStepCell", exc)
+
+        __init__.__wrapped__ = orig_init  # type: ignore[attr-defined]
+        self._patches.append((cls, "__init__", orig_init))
+        cls.__init__ = __init__
+
+    def _train_cell_done(self, cell: Any, args: tuple, output: Any) -> None:
+        dbg = self.debugger
+        try:
+            loss = output[0] if isinstance(output, (tuple, list)) else output
+            dbg.sentinels.record_loss(loss)
+        except Exception as exc:  # noqa: BLE001
+            dbg.recorder.error("TrainOneStepCell loss", exc)
+        if not self.model_train:  # under Model.train the callback ends the step
+            dbg.step()
+        return None
+
+    def close(self) -> None:
+        for owner, attr, orig in reversed(self._patches):
+            setattr(owner, attr, orig)
+        self._patches.clear()
+        dbg = self.debugger
+        try:
+            rec = dbg.recorder
+            if len(rec.builder) or rec._pending or rec.entries:  # noqa: SLF001
+                dbg.step()  # flush the partial last step
+        except Exception:  # noqa: BLE001
+            pass
+        dbg.close()
+
+
+def _unwrap_network(net: Any) -> Any:
+    """Model's network may be a WithLossCell / TrainOneStepCell: dump the backbone."""
+    seen = 0
+    while net is not None and seen < 4:
+        inner = getattr(net, "_backbone", None) or getattr(net, "network", None)
+        if inner is None or not hasattr(inner, "cells_and_names"):
+            return net
+        net, seen = inner, seen + 1
+    return net
+
+
+def find_model(fn: Any, weights: Any) -> Any:
+    """The Cell a grad function differentiates: ``fn`` itself if it is a Cell (its
+    backbone if it wraps a loss), else the smallest Cell reachable from ``fn``'s
+    closure, globals or bound self that holds every weight."""
+    from mindspore import nn
+    if isinstance(fn, nn.Cell):
+        return _unwrap_network(fn)
+    wanted = {id(w) for w in (weights or ())} if not hasattr(weights, "asnumpy") else {id(weights)}
+    candidates: list[Any] = []
+    cells = [c.cell_contents for c in (getattr(fn, "__closure__", None) or ()) if _has_contents(c)]
+    cells += list(getattr(fn, "__globals__", {}).values())
+    if getattr(fn, "__self__", None) is not None:
+        cells.append(fn.__self__)
+    for obj in cells:
+        if isinstance(obj, nn.Cell) and obj not in candidates:
+            candidates.append(obj)
+    best, best_n = None, None
+    for cell in candidates:
+        ids = {id(p) for p in cell.get_parameters()}
+        if wanted and not wanted <= ids:
+            continue
+        if not ids:
+            continue
+        if best_n is None or len(ids) < best_n:
+            best, best_n = cell, len(ids)
+    return _unwrap_network(best) if best is not None else None
+
+
+def _has_contents(cell: Any) -> bool:
+    try:
+        cell.cell_contents  # noqa: B018
+        return True
+    except ValueError:
+        return False

@@ -1,0 +1,386 @@
+"""PrecisionDebugger: msProbe's in-rank API, backed by rankscope's hooks and sinks.
+
+Drop-in for ``msprobe.mindspore.PrecisionDebugger`` (seeds/001): same constructor and
+methods. Every step's records leave through :meth:`step` as one StepOutput handed to
+every sink (the local DumpWriter, the node-agent client when one is configured, the
+in-rank flight recorder), then the StepGate decides whether training may go on.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+from typing import Any
+
+from rankscope.config.msprobe import load_config
+from rankscope.dump.folder_claim import claim_rank_label, release_rank_label
+from rankscope.dump.writer import DumpWriter
+from rankscope.probe.gate import RankscopeTerminated, StepGate
+from rankscope.probe.handover import take_over
+from rankscope.probe.hooks.api import ApiHooks
+from rankscope.probe.hooks.cell import CellHooks
+from rankscope.probe.hooks.recorder import Recorder
+from rankscope.probe.identity import resolve_rank
+from rankscope.probe.sentinels import Sentinels
+from rankscope.probe.token_range import TokenCounter, TokenRangeHooks, check_token_range
+from rankscope.wire.layout import dump_label, rank_to_wire
+from rankscope.wire.records import Kind, StepOutput
+
+log = logging.getLogger("rankscope.probe")
+
+
+class PrecisionDebugger:
+    """msProbe's ``PrecisionDebugger(config_path=None, task=None, dump_path=None, level=None, step=None)``."""
+
+    #: The debugger the Model.train callback and autoattach talk to by default.
+    current: "PrecisionDebugger | None" = None
+
+    def __init__(self, config_path: str | None = None, task: str | None = None,
+                 dump_path: str | None = None, level: str | None = None,
+                 step: list | None = None, *, _auto: bool = False) -> None:
+        self.config = load_config(config_path, task=task, dump_path=dump_path, level=level, step=step)
+        cfg = self.config
+        self.auto = _auto
+        self.gate = StepGate(exit_on_terminate=cfg.cluster.on_terminate == "exit")
+        self.writer = DumpWriter(cfg.dump_path, cfg.task, cfg.level, cfg.summary_mode)
+        self.rank: int | None = None
+        self.rank_source = "none"
+        self._label = dump_label(None)
+        self.job = cfg.cluster.job or os.environ.get("RANKSCOPE_JOB") or "local"
+        self.recorder = Recorder(task=cfg.task, summary_mode=cfg.summary_mode, data_mode=cfg.data_mode,
+                                 scope=cfg.scope, api_list=cfg.list, write_tensor=self.writer.write_tensor,
+                                 log_error=self.writer.log_error, rank_label=lambda: self._label)
+        self.cells = CellHooks(self.recorder)
+        self.apis = ApiHooks(self.recorder)
+        self.sentinels = Sentinels(self.recorder)
+        self.recorder.params_now = lambda: not any(True for _ in self.sentinels.optimizers)
+        self.recorder.device_side = _device_side()
+        self.recorder.on_step_start = self.sentinels.snapshot
+        self.sinks: list[Any] = [self.writer]
+        self.flight_recorder = _make_flight_recorder(cfg.cluster.flight_recorder_steps)
+        if self.flight_recorder is not None:
+            self.sinks.append(self.flight_recorder)
+        self.client: Any = None
+        self.current_step = 0
+        self._identified = False
+        self._started = False  # between start() and stop()
+        self._token: TokenCounter | None = None
+        self._token_hooks: TokenRangeHooks | None = None
+        self._save_count: dict[str, int] = {}
+        self.emit_errors = 0
+        self.closed = False
+        if not _auto:
+            handover = take_over(self)
+            if handover:
+                self.client, self.rank, self._label = handover
+                self._identified = self.client is not None
+                if self.client is not None:
+                    self.sinks.append(self.client)
+        self.rdr = self._install_rdr()
+        # Now, not at start(): the value_and_grad patch must be in place before the
+        # script builds its grad function, or the loss is never seen. Attached even with
+        # sentinels off: the optimizer hook is where queued parameter reads happen.
+        self.sentinels.record = cfg.cluster.sentinels
+        self._guard("attaching sentinels", self.sentinels.attach)
+        PrecisionDebugger.current = self
+
+    # ------------------------------------------------------------------ API
+    def start(self, model: Any = None, token_range: list | tuple | None = None,
+              rank_id: int | None = None) -> None:
+        """Begin (or resume) collection; attaches hooks to ``model`` the first time it is seen."""
+        tr = check_token_range(token_range)
+        if tr is not None and model is None:
+            raise ValueError("token_range requires model: pass the inference root model to start()")
+        if not self._identified or rank_id is not None:
+            self._identify(rank_id)
+        cfg = self.config
+        if not self.sentinels.enabled:
+            self._guard("attaching sentinels", self.sentinels.attach)
+        # token hooks first: the root's pre-hook that opens a token must run before the
+        # L0 root hook that decides whether this forward's grad hooks are batched
+        if tr is not None:
+            if self._token_hooks is None:
+                root = model[0] if isinstance(model, (list, tuple)) else model
+                self._token = TokenCounter(tr[0], tr[1], self._on_token)
+                self._token_hooks = TokenRangeHooks(root, self._token)
+            else:  # msProbe counts tokens from 0 again at every start()
+                self._token.reset(tr[0], tr[1])
+        if model is not None and cfg.level in ("L0", "mix"):
+            self._guard("attaching cell hooks", lambda: self.cells.attach(model))
+        if cfg.level in ("L1", "mix") and not self.apis.active:
+            self._guard("wrapping APIs", lambda: self.apis.attach(primitives=model is not None))
+        self._started = True
+        self._update_dumping()
+        self._guard("step-start snapshot", self.sentinels.snapshot)
+
+    def stop(self) -> None:
+        """Stop collecting hook data (sentinels keep recording until step())."""
+        self._started = False
+        self._update_dumping()
+
+    def step(self) -> None:
+        """End the step: emit its records to every sink, advance, then honour the StepGate."""
+        done = self.current_step
+        self._flush(done)
+        self.current_step += 1
+        self.recorder.step = self.current_step
+        self._save_count.clear()
+        self.cells.new_step()
+        self.apis.new_step()
+        self.sentinels.new_step()
+        self._update_dumping()
+        self.gate.at_step_boundary(done)
+
+    def set_init_step(self, step: int) -> None:
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise ValueError(f"step = {step!r}: expected an integer >= 0")
+        self.current_step = step
+        self.recorder.step = step
+        self._update_dumping()
+
+    def save(self, variable: Any, name: str, save_backward: bool = True) -> None:
+        """Single-point save (msProbe's debug level, written to debug.json):
+        ``{name}.{n}.debug`` for the value, ``{name}_grad.{n}.debug`` for its gradient."""
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"name = {name!r}: expected a non-empty string")
+        if self.config.level != "debug" or not self.config.step_selected(self.current_step) \
+                or not self.config.rank_selected(self.rank):
+            return  # msProbe ignores save() outside the debug level
+        r = self.recorder
+        try:
+            n = self._save_count.get(name, 0)
+            self._save_count[name] = n + 1
+            key = f"{name}.{n}.debug"
+            r.entries[key] = r.value(key, Kind.SAVED, variable)
+            r.construct.setdefault(key, None)
+            if save_backward and hasattr(variable, "register_hook"):
+                bkey = f"{name}_grad.{n}.debug"
+
+                def grad_hook(grad):  # noqa: ANN001
+                    try:
+                        r.entries[bkey] = r.tensor(bkey, Kind.SAVED, grad)
+                        r.construct.setdefault(bkey, None)
+                    except Exception as exc:  # noqa: BLE001
+                        r.error(f"save {name} backward", exc)
+                    return None
+                try:
+                    variable.register_hook(grad_hook)
+                except Exception:  # noqa: BLE001 - not in a graph: no gradient to save
+                    pass
+        except Exception as exc:  # noqa: BLE001
+            r.error(f"save {name}", exc)
+
+    def register_custom_api(self, module: Any, api: str, api_prefix: str) -> None:
+        if not self.apis.wrap(module, api, api_prefix):
+            raise ValueError(f"api = {api!r}: {module!r} has no callable of that name")
+        self.apis.active = True
+
+    def restore_custom_api(self, module: Any, api: str) -> None:
+        self.apis.restore(module, api)
+
+    def close(self) -> None:
+        """Detach every hook and patch (model outputs are then exactly as unprobed)."""
+        if self.closed:
+            return
+        self.closed = True
+        self._started = False
+        self.recorder.dumping = False
+        self.cells.detach()
+        self.apis.detach()
+        self.sentinels.detach()
+        if self._token_hooks is not None:
+            self._token_hooks.remove()
+        for sink in self.sinks:
+            try:
+                sink.close()
+            except Exception:  # noqa: BLE001
+                pass
+        if self._label.startswith("rank"):
+            try:
+                release_rank_label(self.config.dump_path, self._label)
+            except OSError:
+                pass
+        if PrecisionDebugger.current is self:
+            PrecisionDebugger.current = None
+
+    detach = close
+
+    # ------------------------------------------------------------------ internals
+    @property
+    def hook_errors(self) -> int:
+        return self.recorder.errors
+
+    def _guard(self, what: str, fn: Any) -> None:
+        try:
+            fn()
+        except Exception as exc:  # noqa: BLE001 - attach problems never stop training
+            self.recorder.error(what, exc)
+            log.warning("rankscope: %s failed: %r", what, exc)
+
+    def _install_rdr(self) -> Any:
+        """The crash recorder when ``rdr`` (config or MS_RDR_* env) enables it; one per
+        process (a user debugger after autoattach reuses the first)."""
+        try:
+            from rankscope.config.rdr import resolve_rdr
+            from rankscope.rdr.crash_hooks import install_rdr
+        except ImportError:
+            return None
+        resolve_rdr(self.config.rdr)  # a bad section raises ConfigError at construction
+        try:
+            return install_rdr(self.config.rdr, flight_recorder=self.flight_recorder,
+                               config=self.config.to_dict())
+        except Exception as exc:  # noqa: BLE001
+            self.recorder.error("installing the RDR recorder", exc)
+            return None
+
+    def _on_token(self, index: int, in_range: bool) -> None:
+        # A step's batch carries its *first* in-range token: the coordinator adds a
+        # record's call index (``...forward.<n>``) to it to name the exact token.
+        if in_range and self.recorder.token < 0:
+            self.recorder.token = index
+        self._update_dumping()
+
+    def _update_dumping(self) -> None:
+        cfg = self.config
+        on = (self._started and cfg.level != "debug" and cfg.step_selected(self.current_step)
+              and cfg.rank_selected(self.rank))
+        if on and self._token is not None:
+            on = self._token.in_range
+        self.recorder.dumping = on
+
+    def _identify(self, rank_id: int | None) -> None:
+        self._identified = True
+        rank, self.rank_source = resolve_rank(rank_id)
+        self.rank = rank  # what we claim to the node agent; the folder waits for its answer
+        endpoint = self.config.cluster.agent or os.environ.get("RANKSCOPE_AGENT")
+        if endpoint and self.client is None:
+            self._guard("connecting to the node agent", lambda: self._connect(endpoint))
+        self._set_rank(self.rank)
+
+    def _set_rank(self, rank: int | None) -> None:
+        old = self._label
+        self.rank = rank
+        self._label = self._claim_label(rank)
+        if old != self._label and old.startswith("rank"):
+            release_rank_label(self.config.dump_path, old)
+        if rank is not None and getattr(self, "rdr", None) is not None:
+            try:
+                self.rdr.set_rank(rank)
+            except Exception as exc:  # noqa: BLE001
+                self.recorder.error("moving the RDR bundle to the rank", exc)
+        if old != self._label:
+            try:
+                self.writer.rename_rank_folder(old, self._label)
+            except Exception as exc:  # noqa: BLE001
+                self.recorder.error("renaming the proc folder", exc)
+
+    def _claim_label(self, rank: int | None) -> str:
+        try:
+            label, holder = claim_rank_label(self.config.dump_path, rank)
+        except OSError as exc:
+            self.recorder.error("claiming the rank folder", exc)
+            return dump_label(rank)
+        if holder is not None:
+            log.warning("rankscope: %s is taken by pid %s under %s; dumping as %s",
+                        dump_label(rank), holder, self.config.dump_path, label)
+        return label
+
+    def _connect(self, endpoint: str) -> None:
+        try:
+            from rankscope.client.agent_client import AgentClient, RankClaim
+        except ImportError:
+            return  # the node-agent client is not part of this build
+        client = AgentClient(endpoint, self.job, self.gate, on_export=self._on_export)
+        claim = RankClaim(host=socket.gethostname(), pid=os.getpid(), claimed_rank=self.rank,
+                          world_size=_env_int("RANK_SIZE") or _env_int("WORLD_SIZE") or _world_size(),
+                          dp_index=self.config.cluster.dp_index, device_id=_env_int("DEVICE_ID"),
+                          local_rank=_env_int("LOCAL_RANK"), label=self._label)
+        # 5 s, not 2: on a loaded node the agent's answer can take seconds, and a late
+        # answer is still picked up at the next step end (see _flush).
+        assigned = client.register(claim, timeout=5.0)
+        if assigned is not None:
+            self.rank = assigned  # the node agent's (possibly remapped) id
+        self.client = client
+        self.sinks.append(client)
+
+    def _on_export(self, incident_id: str) -> list:
+        """The coordinator asked for this rank's bundle: write it."""
+        from pathlib import Path
+
+        from rankscope.rdr.bundle import write_bundle
+        root = Path(self.config.dump_path).absolute() / "rankscope_export" / str(incident_id)
+        bundle = write_bundle(root, self.rank if self.rank is not None else self._label,
+                              reason=f"export for incident {incident_id}", steps=self.flight_recorder or (),
+                              config=self.config.to_dict())
+        return [p for p in Path(bundle).rglob("*") if p.is_file()]
+
+    def _flush(self, step: int) -> None:
+        r = self.recorder
+        assigned = getattr(self.client, "assigned", None)
+        if assigned is not None and assigned != self.rank:  # the agent answered late
+            self._set_rank(assigned)
+        if self.rank is None and self.rank_source == "none" and self._identified:
+            rank, source = resolve_rank(None)  # init() may have happened since start()
+            if rank is not None:
+                self.rank_source = source
+                self._set_rank(rank)
+        try:
+            entries, stacks, construct = r.take()
+            batch = r.builder.build(self.job, rank_to_wire(self.rank), step,
+                                    token=r.token, wall_time=time.time())
+            r.token = -1
+            out = StepOutput(batch=batch, rank_label=self._label, entries=entries, stacks=stacks,
+                             construct=construct,
+                             dump_selected=self.config.step_selected(step) and self.config.rank_selected(self.rank)
+                             and bool(entries))
+        except Exception as exc:  # noqa: BLE001
+            r.error(f"building step {step}", exc)
+            return
+        for sink in self.sinks:
+            try:
+                sink.emit(out)
+            except RankscopeTerminated:
+                raise
+            except Exception as exc:  # noqa: BLE001
+                self.emit_errors += 1
+                r.error(f"sink {type(sink).__name__}", exc)
+
+
+def _make_flight_recorder(k: int) -> Any:
+    try:
+        from rankscope.rdr.flight_recorder import FlightRecorder
+    except ImportError:
+        return None
+    try:
+        return FlightRecorder(k)
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def _device_side() -> bool:
+    """Device-side stats on accelerators (RANKSCOPE_DEVICE_STATS=1/0 forces it)."""
+    forced = os.environ.get("RANKSCOPE_DEVICE_STATS")
+    if forced in ("0", "1"):
+        return forced == "1"
+    try:
+        import mindspore as ms
+        return ms.get_context("device_target") not in ("CPU", None)
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def _env_int(name: str) -> int | None:
+    try:
+        return int(os.environ[name])
+    except (KeyError, ValueError):
+        return None
+
+
+def _world_size() -> int | None:
+    try:
+        from mindspore.communication import get_group_size
+        from mindspore.communication._comm_helper import GlobalComm
+        return int(get_group_size()) if GlobalComm.INITED else None
+    except Exception:  # noqa: BLE001
+        return None

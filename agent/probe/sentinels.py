@@ -1,0 +1,312 @@
+"""DP sentinels: the few records divergence hunting needs, cheap enough to keep always on.
+
+- ``Sentinel.loss``: the loss returned by a ``value_and_grad`` function (or reported by
+  the Model.train callback).
+- ``Sentinel.grad_local.<param>``: every gradient entering ``nn.DistributedGradReducer``
+  (a rank's own fault shows here before AllReduce spreads it); without a reducer, the
+  gradients handed to the optimizer.
+- ``Sentinel.grad_reduced.<param>``: the reducer's output, identical across replicas.
+- ``Sentinel.param.<name>`` / ``Sentinel.opt_state.<name>``: CRC-32 + stats of every
+  parameter and optimizer state when the optimizer is called, i.e. the values this step
+  started from (nothing changes them between forward and the update).
+
+Optimizers and reducers are Cells, so a forward(-pre) hook on the instance is enough;
+instances are found through a constructor patch (while any debugger is attached) plus
+one scan of live objects at attach time. ``mindspore.value_and_grad`` is patched to see
+the loss, and it and ``mindspore.grad`` to tell autoattach which model is trained.
+Only grad functions created after the patch are seen: the debugger attaches at
+construction, which msProbe's usage places before the model and its grad function.
+"""
+from __future__ import annotations
+
+import gc
+import weakref
+from typing import Any, Callable
+
+from rankscope.probe.hooks.recorder import Recorder
+from rankscope.wire.records import Kind
+
+
+class Sentinels:
+    def __init__(self, rec: Recorder, on_optimizer_done: Callable[[], None] | None = None) -> None:
+        self.rec = rec
+        self.enabled = False
+        #: False (cluster.sentinels off): the hooks stay, only to read queued tensors
+        #: before the optimizer changes parameters in place; nothing is recorded.
+        self.record = True
+        self.on_optimizer_done = on_optimizer_done  # autoattach: the optimizer call ends a step
+        self._handles: list[Any] = []
+        self._hooked: "weakref.WeakSet[Any]" = weakref.WeakSet()
+        self._reduced_this_step = False
+        self._loss_recorded = False
+        self._snapshot_taken = False
+        self._layouts: "weakref.WeakKeyDictionary[Any, tuple]" = weakref.WeakKeyDictionary()
+        #: Optimizers actually called: only these are snapshotted (an attach-time scan
+        #: also finds abandoned ones that the garbage collector has not freed yet).
+        self.stepping: "weakref.WeakSet[Any]" = weakref.WeakSet()
+        self.optimizers: "weakref.WeakSet[Any]" = weakref.WeakSet()
+        self.grad_fns_seen = 0
+        #: Called with (fn, weights) when a value_and_grad/grad function is created:
+        #: autoattach uses it to find the model.
+        self.on_grad_fn: Callable[[Any, Any], None] | None = None
+
+    # ------------------------------------------------------------------ attach
+    def attach(self) -> None:
+        from mindspore import nn
+        self.enabled = True
+        if self not in _active:
+            _active.append(self)
+        if not _patches:
+            _install_patches()
+        for obj in gc.get_objects():  # instances created before we were attached
+            try:
+                if isinstance(obj, nn.Optimizer):
+                    self._hook_optimizer(obj)
+                elif isinstance(obj, nn.DistributedGradReducer):
+                    self._hook_reducer(obj)
+            except ReferenceError:
+                continue  # a dead weakref.proxy met in the scan
+            except Exception as exc:  # noqa: BLE001
+                self.rec.error("sentinel attach", exc)
+
+    def detach(self) -> None:
+        self.enabled = False
+        for h in self._handles:
+            try:
+                h.remove()
+            except Exception:  # noqa: BLE001
+                pass
+        self._handles.clear()
+        self._hooked = weakref.WeakSet()
+        if self in _active:
+            _active.remove(self)
+        if not _active:
+            _restore_patches()
+
+    def new_step(self) -> None:
+        self._reduced_this_step = False
+        self._loss_recorded = False
+        self._snapshot_taken = False
+        self.rec.param_cache.clear()
+
+    def snapshot(self, only: Any = None) -> None:
+        """PARAM + OPT_STATE rows (CRC-32 + stats) as the step starts.
+
+        Taken at the first of: ``start()``, the root model's forward, the optimizer call
+        (fallback). Reading a tensor drains MindSpore's queue; at step start the queue is
+        (nearly) empty because loops read the loss at step end, whereas at the optimizer
+        call it holds the whole backward. Parameter stats are kept for L0 to reuse.
+        """
+        if not self.enabled or not self.record or (self._snapshot_taken and only is None):
+            return
+        if not any(True for _ in self.stepping):
+            return  # no optimizer has run yet: the optimizer call takes the snapshot
+        if only is None:
+            self._snapshot_taken = True
+        r = self.rec
+        r.resolve()  # keep record order: everything queued goes first
+        for opt in [only] if only is not None else list(self.stepping):
+            params, state = self._layout_of(opt)
+            for name, p in params:
+                st = _stats_crc_later(p)
+                r.param_cache[id(p)] = st
+                r.row_known(f"Sentinel.param.{name}", Kind.PARAM, st)
+            for name, p in state:
+                r.row_known(f"Sentinel.opt_state.{name}", Kind.OPT_STATE, _stats_crc_later(p))
+
+    def _layout_of(self, opt: Any) -> tuple[list[tuple[str, Any]], list[tuple[str, Any]]]:
+        """(model parameters, optimizer state) as (name, tensor) pairs, cached: reading
+        ``Parameter.name`` waits for MindSpore's pipeline, so names are read once, at a
+        step start, never in the optimizer hook."""
+        layout = self._layouts.get(opt)
+        if layout is None:
+            params = [(p.name, p) for p in getattr(opt, "parameters", ())]
+            ids = {id(p) for _, p in params}
+            state = [(n, p) for n, p in opt.parameters_and_names() if id(p) not in ids]
+            layout = (params, state)
+            self._layouts[opt] = layout
+        return layout
+
+    # ------------------------------------------------------------------ hooks
+    def _hook_optimizer(self, opt: Any) -> None:
+        if opt in self._hooked:
+            return
+        self._hooked.add(opt)
+        self.optimizers.add(opt)
+        self._handles.append(opt.register_forward_pre_hook(self._optimizer_pre_hook))
+        self._handles.append(opt.register_forward_hook(self._optimizer_post_hook))
+
+    def _hook_reducer(self, reducer: Any) -> None:
+        if reducer in self._hooked:
+            return
+        self._hooked.add(reducer)
+        self._handles.append(reducer.register_forward_hook(self._reducer_hook))
+
+    def record_loss(self, loss: Any) -> None:
+        """For callers that see the loss directly (the Model.train callback)."""
+        if self.enabled and self.record and loss is not None and not self._loss_recorded:
+            try:
+                self.rec.row("Sentinel.loss", Kind.LOSS, loss)
+                self._loss_recorded = True
+            except Exception as exc:  # noqa: BLE001
+                self.rec.error("loss sentinel", exc)
+
+    def _optimizer_pre_hook(self, opt: Any, args: tuple) -> None:
+        if not self.enabled:
+            return None
+        r = self.rec
+        try:
+            if opt not in self.stepping:  # first call of this optimizer: snapshot it now
+                self.stepping.add(opt)
+                self.snapshot(only=opt)
+                self._snapshot_taken = True
+            elif self.record and not self._snapshot_taken:
+                self.snapshot()  # nothing marked the step start: take it now
+            if r.has_unread_params():
+                r.resolve()  # the optimizer updates parameters in place next
+            if self.record and not self._reduced_this_step and args:
+                # fresh tensors the update does not touch: read at step end
+                self._record_grads("Sentinel.grad_local", Kind.GRAD_LOCAL, args[0],
+                                   [n for n, _ in self._layout_of(opt)[0]])
+        except Exception as exc:  # noqa: BLE001
+            r.error("optimizer sentinel", exc)
+        return None
+
+    def _optimizer_post_hook(self, opt: Any, args: tuple, output: Any) -> None:
+        if self.enabled and self.on_optimizer_done is not None:
+            try:
+                self.on_optimizer_done()
+            except Exception as exc:  # noqa: BLE001 - RankscopeTerminated is raised elsewhere
+                from rankscope.probe.gate import RankscopeTerminated
+                if isinstance(exc, RankscopeTerminated):
+                    raise
+                self.rec.error("step end after optimizer", exc)
+        return None
+
+    def _reducer_hook(self, reducer: Any, args: tuple, output: Any) -> None:
+        if not self.enabled or not self.record:
+            return None
+        try:
+            names = _reducer_names.get(reducer) or self._optimizer_names(len(output))
+            self._record_grads("Sentinel.grad_local", Kind.GRAD_LOCAL, args[0] if args else (), names)
+            self._record_grads("Sentinel.grad_reduced", Kind.GRAD_REDUCED, output, names)
+            self._reduced_this_step = True
+        except Exception as exc:  # noqa: BLE001
+            self.rec.error("grad reducer sentinel", exc)
+        return None
+
+    def _optimizer_names(self, n: int) -> list[str]:
+        for opt in self.optimizers:
+            names = [name for name, _ in self._layout_of(opt)[0]]
+            if len(names) == n:
+                return names
+        return [str(i) for i in range(n)]
+
+    def _record_grads(self, prefix: str, kind: Kind, grads: Any, names: list[str]) -> None:
+        if not isinstance(grads, (tuple, list)):
+            grads = (grads,)
+        r = self.rec
+        for i, g in enumerate(grads):
+            pname = names[i] if i < len(names) else str(i)
+            r.row(f"{prefix}.{pname}", kind, g, crc=kind is Kind.GRAD_REDUCED)
+
+
+# ---------------------------------------------------------------------- patches
+# Process-wide, because the patched callables are: one set of patches however many
+# debuggers exist (a script's own after autoattach's, tests), always feeding the newest
+# attached Sentinels, and removed when the last one detaches.
+_active: list[Sentinels] = []
+_patches: list[tuple[Any, str, Any]] = []
+_reducer_names: "weakref.WeakKeyDictionary[Any, list[str]]" = weakref.WeakKeyDictionary()
+
+
+def _stats_crc_later(p: Any) -> Any:
+    """Stats now (cheap), CRC-32 of a copy on the helper thread (see crc32_later)."""
+    from rankscope.probe.stats import array_stats, crc32_later, to_numpy
+    arr, dtype_name = to_numpy(p)
+    st = array_stats(arr, dtype_name)
+    st.crc = crc32_later(arr)
+    return st
+
+
+def _current() -> Sentinels | None:
+    return _active[-1] if _active else None
+
+
+def _install_patches() -> None:
+    import mindspore as ms
+    from mindspore import nn, ops
+    from mindspore.ops.function.grad import grad_func
+    _patch_init(nn.Optimizer, "_hook_optimizer")
+    _patch_init(nn.DistributedGradReducer, "_hook_reducer", remember_params=True)
+    for owner in {id(m): m for m in (ms, ops, grad_func)}.values():
+        for name, with_loss in (("value_and_grad", True), ("grad", False)):
+            orig = getattr(owner, name, None)
+            if orig is not None and not getattr(orig, "_rankscope", False):
+                _patches.append((owner, name, orig))
+                setattr(owner, name, _wrap_value_and_grad(orig, with_loss))
+
+
+def _restore_patches() -> None:
+    for owner, attr, orig in reversed(_patches):
+        setattr(owner, attr, orig)
+    _patches.clear()
+
+
+def _patch_init(cls: type, hook_method: str, remember_params: bool = False) -> None:
+    orig = cls.__init__
+
+    def __init__(obj, *args, **kwargs):  # noqa: N807, ANN001
+        orig(obj, *args, **kwargs)
+        s = _current()
+        try:
+            if remember_params:
+                params = args[0] if args else kwargs.get("parameters")
+                _reducer_names[obj] = [getattr(p, "name", str(i)) for i, p in enumerate(params)]
+            if s is not None and s.enabled:
+                getattr(s, hook_method)(obj)
+        except Exception as exc:  # noqa: BLE001
+            if s is not None:
+                s.rec.error(f"sentinel {cls.__name__} init", exc)
+
+    __init__.__wrapped__ = orig  # type: ignore[attr-defined]
+    _patches.append((cls, "__init__", orig))
+    cls.__init__ = __init__
+
+
+def _wrap_value_and_grad(orig: Callable, with_loss: bool = True) -> Callable:
+    """Wrap ``value_and_grad`` (loss sentinel + model discovery) or ``grad`` (discovery)."""
+    def value_and_grad(fn, grad_position=0, weights=None, has_aux=False, return_ids=False,
+                       sens_param=False):  # noqa: ANN001
+        inner = orig(fn, grad_position, weights, has_aux, return_ids, sens_param)
+        s = _current()
+        if s is not None:
+            s.grad_fns_seen += 1
+            if s.on_grad_fn is not None:
+                try:
+                    s.on_grad_fn(fn, weights)
+                except Exception as exc:  # noqa: BLE001
+                    s.rec.error("finding the model", exc)
+
+        if not with_loss:
+            return inner
+
+        def grad_fn(*args, **kwargs):  # noqa: ANN002
+            out = inner(*args, **kwargs)
+            cur = _current()
+            if cur is not None and cur.enabled:
+                try:
+                    value = out[0]
+                    if isinstance(value, (tuple, list)):  # has_aux / multiple outputs
+                        value = value[0]
+                    cur.record_loss(value)
+                except Exception as exc:  # noqa: BLE001
+                    cur.rec.error("loss sentinel", exc)
+            return out
+        grad_fn.__wrapped__ = inner  # type: ignore[attr-defined]
+        return grad_fn
+
+    value_and_grad._rankscope = True  # type: ignore[attr-defined]
+    value_and_grad.__wrapped__ = orig  # type: ignore[attr-defined]
+    value_and_grad.__doc__ = orig.__doc__
+    return value_and_grad

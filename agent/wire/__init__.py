@@ -1,0 +1,10 @@
+"""What every rankscope process speaks: the probe, the node agent and the coordinator.
+
+- :mod:`.records`: the columnar record model (one StepBatch per rank per step).
+- :mod:`.protocol`: message types, msgpack encoding, the validating decoder.
+- :mod:`.transport`: ZeroMQ sockets, CURVE, connection watching.
+- :mod:`.layout`: rank-id conventions and every path layout that crosses a process.
+- :mod:`.atomic`: atomic file writes.
+
+NumPy, msgpack and pyzmq only: no MindSpore, no Ray.
+"""

@@ -1,0 +1,343 @@
+"""rankscope's wire protocol: message types, encoding, and a validating decoder.
+
+Every frame is one msgpack map (the *envelope*)::
+
+    {"v": PROTOCOL_VERSION, "t": <type>, "job": <job id>, "src": <sender>, "seq": <int>, "b": <body>}
+
+``src`` is the sender's identity (``"rank:3"``, ``"agent:<host>"``, ``"coordinator"``) and
+``seq`` a per-sender counter, so a receiver can drop replays (the node agent replays its
+spool after a coordinator restart). Bodies are maps checked against :data:`SCHEMAS`.
+NumPy arrays travel as ``{"d": dtype, "s": shape, "b": raw bytes}`` and only numeric
+dtypes are accepted; the decoder checks that the byte length matches dtype x shape.
+
+No pickle anywhere, and msgpack extension types are refused: a frame can only ever
+decode to maps, lists, strings, bytes and numbers. Transport (sockets, CURVE) lives in
+``rankscope.wire.transport``; this module does no I/O, so it is tested with plain bytes.
+"""
+from __future__ import annotations
+
+import collections
+import logging
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+import numpy as np
+
+from rankscope.wire.records import Kind, StepBatch
+
+log = logging.getLogger(__name__)
+
+PROTOCOL_VERSION = 1
+#: Frame cap. Also set as the socket's ZMQ MAXMSGSIZE so libzmq drops larger frames
+#: before they are even buffered.
+MAX_FRAME_BYTES = 64 * 1024 * 1024
+BUNDLE_CHUNK_BYTES = 1024 * 1024
+
+# Message types.
+REGISTER = "register"  # rank -> agent -> coordinator
+REGISTERED = "registered"  # agent -> rank: the id it must use
+STEP = "step"  # rank -> agent -> coordinator
+HEARTBEAT = "heartbeat"  # rank -> agent -> coordinator
+RANK_LOST = "rank_lost"  # agent -> coordinator
+RANK_MAP = "rank_map"  # agent -> coordinator
+BUNDLE_CHUNK = "bundle_chunk"  # rank/agent -> coordinator
+CONTROL = "control"  # coordinator -> agent -> rank
+STATUS = "status"  # any -> any, free-form small report (e.g. control acknowledged)
+
+CONTROL_COMMANDS = frozenset({"pause", "resume", "step", "terminate", "export", "collect"})
+
+_NUMERIC_KINDS = frozenset("biuf")  # bool, signed, unsigned, float; never object/str/void
+_INT = (int,)
+_NUM = (int, float)
+
+# field -> (accepted python types, required). ``None`` in the types tuple allows nil.
+_Schema = dict[str, tuple[tuple[type, ...], bool]]
+SCHEMAS: dict[str, _Schema] = {
+    REGISTER: {
+        "host": ((str,), True), "pid": (_INT, True), "claimed_rank": ((int, type(None)), True),
+        "world_size": ((int, type(None)), False), "dp_index": ((int, type(None)), False),
+        "device_id": ((int, type(None)), False), "local_rank": ((int, type(None)), False),
+        "versions": ((dict,), False), "label": ((str,), False),
+        # Set by the node agent when it forwards a registration: the id after remapping.
+        "assigned_rank": ((int, type(None)), False),
+    },
+    REGISTERED: {"assigned_rank": (_INT, True), "claimed_rank": ((int, type(None)), True),
+                 "remapped": ((bool,), True)},
+    STEP: {
+        "rank": (_INT, True), "step": (_INT, True), "token": (_INT, False),
+        "wall_time": (_NUM, False), "new_names": ((dict,), True), "cols": ((dict,), True),
+    },
+    HEARTBEAT: {"rank": (_INT, True), "step": (_INT, True), "state": ((str,), True),
+                "pid": (_INT, False)},
+    RANK_LOST: {"rank": (_INT, True), "pid": (_INT, True), "last_step": (_INT, True),
+                "exit_status": ((int, type(None)), True), "reason": ((str,), True)},
+    RANK_MAP: {"entries": ((list,), True)},
+    BUNDLE_CHUNK: {
+        "rank": (_INT, True), "transfer": ((str,), True), "path": ((str,), True),
+        "offset": (_INT, True), "data": ((bytes,), True), "size": (_INT, True),
+        "final": ((bool,), True), "sha256": ((str, type(None)), False),
+        "incomplete": ((bool,), False), "on_behalf": ((bool,), False),
+    },
+    CONTROL: {"command": ((str,), True), "args": ((dict,), False),
+              "incident": ((str, type(None)), False), "target": ((int, type(None)), False)},
+    STATUS: {"what": ((str,), True), "detail": ((dict,), False)},
+}
+
+_STEP_COLS: dict[str, tuple[str, int]] = {
+    # column -> (required dtype, ndim)
+    "name_ids": ("<u4", 1), "kinds": ("|u1", 1), "exec_index": ("<u4", 1),
+    "stats": ("<f8", 2), "nan_count": ("<i8", 1), "inf_count": ("<i8", 1),
+    "numel": ("<i8", 1), "crc32": ("<i8", 1),
+}
+
+
+class ProtocolError(ValueError):
+    """A frame that must be rejected; ``reason`` is a short stable tag for counters."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason
+
+
+@dataclass
+class Message:
+    type: str
+    job: str
+    src: str
+    seq: int
+    body: dict[str, Any] = field(default_factory=dict)
+
+
+def encode(msg: Message) -> bytes:
+    """Serialise a message; bodies may hold numpy arrays (encoded as typed bytes)."""
+    env = {"v": PROTOCOL_VERSION, "t": msg.type, "job": msg.job, "src": msg.src,
+           "seq": msg.seq, "b": msg.body}
+    return msgpack.packb(env, default=_pack_default, use_bin_type=True)
+
+
+def _pack_default(obj: Any) -> Any:
+    if isinstance(obj, np.ndarray):
+        arr = np.ascontiguousarray(obj)
+        return {"d": arr.dtype.str, "s": list(arr.shape), "b": arr.tobytes()}
+    if isinstance(obj, np.generic):
+        return obj.item()
+    raise TypeError(f"cannot encode {type(obj).__name__} on the wire")
+
+
+_ACCEPTED_DTYPES: dict[str, np.dtype] = {}
+_MAX_KIND = int(max(Kind))
+
+
+def decode_array(obj: Any, what: str) -> np.ndarray:
+    """Rebuild an array, refusing non-numeric dtypes and byte counts that do not fit."""
+    if not isinstance(obj, dict) or set(obj) != {"d", "s", "b"}:
+        raise ProtocolError("bad_array", f"{what}: not an array object")
+    dstr, shape, raw = obj["d"], obj["s"], obj["b"]
+    if not isinstance(dstr, str) or not isinstance(shape, list) or not isinstance(raw, bytes):
+        raise ProtocolError("bad_array", f"{what}: wrong field types")
+    dtype = _ACCEPTED_DTYPES.get(dstr)
+    if dtype is None:
+        if len(dstr) > 16:  # every numeric dtype string is short; "(10**9,)f8" is not
+            raise ProtocolError("bad_dtype", f"{what}: {dstr[:20]!r}...")
+        try:
+            dtype = np.dtype(dstr)
+        except Exception as exc:  # TypeError mostly, ValueError for some sub-array forms
+            raise ProtocolError("bad_dtype", f"{what}: {dstr!r}") from exc
+        if dtype.kind not in _NUMERIC_KINDS or dtype.hasobject or dtype.fields is not None:
+            raise ProtocolError("bad_dtype", f"{what}: non-numeric dtype {dstr!r}")
+        # Parsing a dtype string costs more than the rest of the array check; only a
+        # handful of accepted ones ever occur, so remember them (bounded: a peer cannot grow it).
+        if len(_ACCEPTED_DTYPES) < 64:
+            _ACCEPTED_DTYPES[dstr] = dtype
+    if len(shape) > 8 or not all(isinstance(d, int) and 0 <= d for d in shape):
+        raise ProtocolError("bad_shape", f"{what}: {shape!r}")
+    expected = dtype.itemsize * math.prod(shape)
+    if expected != len(raw):
+        raise ProtocolError("bad_shape", f"{what}: {len(raw)} bytes for {dstr}{shape} (want {expected})")
+    return np.frombuffer(raw, dtype=dtype).reshape(shape)
+
+
+class Decoder:
+    """Validates frames; keeps per-reason rejection counts instead of raising into callers.
+
+    ``job=None`` accepts any job (the coordinator serving several jobs); otherwise a
+    frame for another job is rejected.
+    """
+
+    def __init__(self, job: str | None = None, max_frame: int = MAX_FRAME_BYTES) -> None:
+        self.job = job
+        self.max_frame = max_frame
+        self.rejected: collections.Counter[str] = collections.Counter()
+        self.accepted = 0
+
+    def decode(self, frame: bytes) -> Message | None:
+        """Return the message, or None after counting and logging why it was refused."""
+        try:
+            msg = self.decode_or_raise(frame)
+        except ProtocolError as exc:
+            self._reject(exc)
+            return None
+        except Exception as exc:  # a check we did not foresee must still not crash the reader
+            self._reject(ProtocolError("malformed", f"{type(exc).__name__}: {str(exc)[:80]}"))
+            return None
+        self.accepted += 1
+        return msg
+
+    def _reject(self, exc: ProtocolError) -> None:
+        self.rejected[exc.reason] += 1
+        # Rate-limit: a fuzzer or a stray client must not flood the log.
+        if self.rejected[exc.reason] <= 5 or self.rejected[exc.reason] % 1000 == 0:
+            log.warning("rejected frame (%s, total %d)", exc, self.rejected[exc.reason])
+
+    def decode_or_raise(self, frame: bytes) -> Message:
+        if not isinstance(frame, (bytes, bytearray, memoryview)):
+            raise ProtocolError("not_bytes")
+        if len(frame) > self.max_frame:
+            raise ProtocolError("oversized", f"{len(frame)} > {self.max_frame} bytes")
+        lim = self.max_frame
+        try:
+            env = msgpack.unpackb(
+                frame, raw=False, strict_map_key=False, use_list=True,
+                max_bin_len=lim, max_str_len=min(lim, 1 << 20), max_array_len=1 << 20,
+                max_map_len=1 << 20, max_ext_len=0, ext_hook=_refuse_ext,
+            )
+        except ProtocolError:
+            raise
+        except Exception as exc:  # msgpack raises many types on garbage
+            raise ProtocolError("malformed", type(exc).__name__) from None
+        if not isinstance(env, dict):
+            raise ProtocolError("malformed", "envelope is not a map")
+        if env.get("v") != PROTOCOL_VERSION:
+            raise ProtocolError("bad_version", repr(env.get("v")))
+        mtype, job, src, seq, body = (env.get(k) for k in ("t", "job", "src", "seq", "b"))
+        if mtype not in SCHEMAS:
+            raise ProtocolError("unknown_type", repr(mtype)[:40])
+        if not isinstance(job, str) or not isinstance(src, str):
+            raise ProtocolError("bad_envelope", "job/src must be strings")
+        if not isinstance(seq, int) or isinstance(seq, bool) or seq < 0:
+            raise ProtocolError("bad_envelope", "seq must be a non-negative int")
+        if self.job is not None and job != self.job:
+            raise ProtocolError("wrong_job", f"{job!r} != {self.job!r}")
+        if not isinstance(body, dict):
+            raise ProtocolError("bad_body", "body is not a map")
+        _check_body(mtype, body)
+        if mtype == STEP:
+            _check_step(body)
+        elif mtype == CONTROL and body["command"] not in CONTROL_COMMANDS:
+            raise ProtocolError("bad_field", f"control.command {body['command']!r}")
+        return Message(mtype, job, src, seq, body)
+
+
+def _refuse_ext(code: int, data: bytes) -> Any:
+    raise ProtocolError("ext_type", f"msgpack extension type {code} is not allowed")
+
+
+def _check_body(mtype: str, body: dict) -> None:
+    schema = SCHEMAS[mtype]
+    for key in body:
+        if key not in schema:
+            raise ProtocolError("bad_field", f"{mtype}.{key!s:.40} is not a known field")
+    for key, (types, required) in schema.items():
+        if key not in body:
+            if required:
+                raise ProtocolError("missing_field", f"{mtype}.{key}")
+            continue
+        val = body[key]
+        # bool is an int subclass; only accept it where bool is named.
+        if isinstance(val, bool) and bool not in types:
+            raise ProtocolError("bad_field", f"{mtype}.{key} is a bool")
+        if not isinstance(val, types):
+            raise ProtocolError("bad_field", f"{mtype}.{key} is {type(val).__name__}")
+
+
+def _check_step(body: dict) -> None:
+    cols = body["cols"]
+    if set(cols) != set(_STEP_COLS):
+        raise ProtocolError("bad_field", f"step.cols has {sorted(map(str, cols))[:10]}")
+    n = None
+    for name, (dstr, ndim) in _STEP_COLS.items():
+        arr = decode_array(cols[name], f"step.cols.{name}")
+        if arr.dtype.str != dstr or arr.ndim != ndim:
+            raise ProtocolError("bad_shape", f"step.cols.{name}: {arr.dtype.str}{arr.shape}")
+        if name == "stats" and arr.shape[1:] != (4,):
+            raise ProtocolError("bad_shape", f"step.cols.stats: {arr.shape}")
+        if n is None:
+            n = arr.shape[0]
+        elif arr.shape[0] != n:
+            raise ProtocolError("bad_shape", f"step.cols.{name}: {arr.shape[0]} rows, want {n}")
+        cols[name] = arr
+    # A kind the detectors do not know would make StepBatch.validate() fail downstream.
+    if n and int(cols["kinds"].max()) > _MAX_KIND:
+        raise ProtocolError("bad_field", f"step.cols.kinds: unknown kind {int(cols['kinds'].max())}")
+    for k, v in body["new_names"].items():
+        if not isinstance(k, int) or isinstance(k, bool) or k < 0 or not isinstance(v, str):
+            raise ProtocolError("bad_field", "step.new_names must map int -> str")
+
+
+# --- StepBatch <-> message ---------------------------------------------------------
+
+def step_message(batch: StepBatch, src: str, seq: int) -> Message:
+    cols = {name: getattr(batch, name) for name in _STEP_COLS}
+    body = {"rank": batch.rank, "step": batch.step, "token": batch.token,
+            "wall_time": float(batch.wall_time), "new_names": dict(batch.new_names), "cols": cols}
+    return Message(STEP, batch.job, src, seq, body)
+
+
+def step_from_message(msg: Message) -> StepBatch:
+    """Build a StepBatch from a *decoded* (validated) step message."""
+    b = msg.body
+    cols = b["cols"]
+    return StepBatch(job=msg.job, rank=b["rank"], step=b["step"], new_names=dict(b["new_names"]),
+                     token=b.get("token", -1), wall_time=float(b.get("wall_time", 0.0)),
+                     **{name: cols[name] for name in _STEP_COLS})
+
+
+class SeqCounter:
+    """Per-sender sequence numbers. Not thread-safe: each sending thread owns its counter
+    (a sender's frames leave from one I/O thread, which also keeps them in order)."""
+
+    def __init__(self, start: int = 0) -> None:
+        self._next = start
+
+    def __call__(self) -> int:
+        n = self._next
+        self._next += 1
+        return n
+
+
+class ReplayFilter:
+    """Drops (src, seq) pairs already seen: spool replays after a coordinator restart
+    must not count twice. Keeps a high-water mark per sender plus a small window of
+    out-of-order seqs, so memory stays bounded."""
+
+    def __init__(self, window: int = 4096) -> None:
+        self.window = window
+        self._high: dict[str, int] = {}
+        self._recent: dict[str, set[int]] = collections.defaultdict(set)
+        self.duplicates = 0
+
+    def fresh(self, src: str, seq: int) -> bool:
+        high = self._high.get(src, -1)
+        recent = self._recent[src]
+        if seq <= high - self.window or seq in recent:
+            self.duplicates += 1
+            return False
+        recent.add(seq)
+        if seq > high:
+            self._high[src] = seq
+            if len(recent) > 2 * self.window:
+                floor = seq - self.window
+                self._recent[src] = {s for s in recent if s > floor}
+        return True
+
+    def state(self) -> dict[str, int]:
+        return dict(self._high)
+
+
+def ack_message(replay: ReplayFilter, seq: int, job: str = "", src: str = "coordinator") -> Message:
+    """What a coordinator sends a node agent to confirm delivery: its replay filter's
+    high-water marks ("job|src" -> seq). The agent then trims those frames from its spool
+    instead of keeping them for its age-based replay window."""
+    return Message(STATUS, job, src, seq, {"what": "ack", "detail": {"high": replay.state()}})

@@ -1,0 +1,45 @@
+"""``rankscope bench ingest``: records/s into a real coordinator actor, and detection latency
+(the benchmark itself is :mod:`rankscope.coordinator.server.ingest_bench`)."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from rankscope.coordinator.server.ingest_bench import __doc__ as BENCH_DOC
+from rankscope.coordinator.server.ingest_bench import run_ingest, run_scale
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="rankscope bench", description=BENCH_DOC,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="what", required=True)
+    ing = sub.add_parser("ingest", help="records/s into a coordinator actor and detection latency")
+    ing.add_argument("--ranks", type=int, default=256)
+    ing.add_argument("--tensors", type=int, default=128)
+    ing.add_argument("--steps", type=int, default=20)
+    ing.add_argument("--nodes", type=int, default=None, help="simulated node agents (processes); default min(2, ranks)")
+    ing.add_argument("--fault-rank", type=int, default=None)
+    ing.add_argument("--export-dir", default=None)
+    ing.add_argument("--scale", default=None, metavar="R1,R2,...",
+                     help="one run per rank count (e.g. 8,64,256,1024), steps sized to --min-records; "
+                          "the last line is JSON with every run")
+    ing.add_argument("--min-records", type=int, default=500_000)
+    args = ap.parse_args(argv)
+    say = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731 - progress on stderr, JSON on stdout
+    if args.scale:
+        try:
+            sizes = [int(x) for x in args.scale.split(",") if x.strip()]
+        except ValueError:
+            ap.error(f"--scale {args.scale!r}: expected comma-separated rank counts")
+        if not sizes or min(sizes) < 1:
+            ap.error(f"--scale {args.scale!r}: rank counts must be >= 1")
+        rows = run_scale(sizes, args.tensors, args.min_records, log=say)
+        print(json.dumps({"scale": rows}), flush=True)
+        return 0 if all(r["correct"] for r in rows) else 1
+    if args.fault_rank is not None and not 0 <= args.fault_rank < args.ranks:
+        ap.error(f"--fault-rank {args.fault_rank} is not in [0, {args.ranks})")
+    out = run_ingest(args.ranks, args.tensors, args.steps, nodes=args.nodes, fault_rank=args.fault_rank,
+                     export_dir=args.export_dir, log=say)
+    print(json.dumps(out), flush=True)
+    return 0 if out["correct"] else 1

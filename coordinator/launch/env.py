@@ -1,0 +1,47 @@
+"""The environment ``rankscope launch`` gives the command it runs.
+
+Every Python process the command starts (msrun's workers included) inherits it: the
+attach directory first on PYTHONPATH runs ``agent/_attach/sitecustomize.py`` at
+interpreter start, and the ``RANKSCOPE_*`` variables tell the probe where its node
+agent is, which job it belongs to and where to write its local dump.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import rankscope
+
+#: Holds the sitecustomize.py every launched Python process runs at start-up.
+ATTACH_DIR = Path(rankscope.__file__).resolve().parent / "_attach"
+
+
+@dataclass(frozen=True)
+class AttachSettings:
+    job: str
+    agent_endpoint: str
+    dump_path: Path
+    config_path: Path | None = None
+    on_terminate: str = "raise"
+
+
+def child_env(settings: AttachSettings, base: dict[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ if base is None else base)
+    # msrun starts workers as `python` from PATH: make that this interpreter, so the
+    # workers see the same installed packages as the launcher.
+    bindir = str(Path(sys.executable).parent)
+    env["PATH"] = os.pathsep.join([bindir, env.get("PATH", "")]).rstrip(os.pathsep)
+    paths = [str(ATTACH_DIR), *(p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p)]
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+    env["RANKSCOPE_ATTACH"] = "1"
+    env["RANKSCOPE_JOB"] = settings.job
+    env["RANKSCOPE_AGENT"] = settings.agent_endpoint
+    env["RANKSCOPE_DUMP_PATH"] = str(settings.dump_path)
+    env["RANKSCOPE_ON_TERMINATE"] = settings.on_terminate
+    if settings.config_path is not None:
+        env["RANKSCOPE_CONFIG"] = str(settings.config_path)
+    else:
+        env.pop("RANKSCOPE_CONFIG", None)
+    return env

@@ -1,0 +1,108 @@
+"""The coordinator as a named Ray actor: a thin shell around CoordinatorService.
+
+As ``ray.util.queue.Queue`` wraps ``_QueueActor``, the class here only forwards:
+the logic lives in ``rankscope.coordinator.logic`` (pure), the socket loop and incident
+actions in ``rankscope.coordinator.server.service`` / ``frontend`` / ``incident_actions`` (plain
+Python). The actor runs with ``max_concurrency`` > 1 so a long ``drain`` does not
+block ``status``; every call crosses into the front end's loop thread, which is
+the only thread touching the core.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import ray
+
+DEFAULT_NAME = "rankscope"
+DEFAULT_NAMESPACE = "rankscope"
+
+log = logging.getLogger(__name__)
+
+
+class _CoordinatorActor:
+    def __init__(self, export_dir: str, cluster: dict, bind: str, job: str | None,
+                 curve: dict | None = None) -> None:
+        from rankscope.coordinator.server.service import CoordinatorService
+        keys = None
+        if curve:
+            from rankscope.wire.transport import CurveKeys
+            keys = CurveKeys(**curve)
+        self._svc = CoordinatorService(export_dir, cluster, bind=bind, job=job, curve=keys,
+                                       ray_metrics=True)
+        self._endpoint = self._svc.start()
+
+    def endpoint(self) -> str:
+        return self._endpoint
+
+    def status(self) -> dict:
+        return self._svc.status()
+
+    def control(self, command: str, args: dict | None = None) -> dict:
+        return self._svc.control(command, args)
+
+    def incidents(self) -> list[dict]:
+        return self._svc.incidents()
+
+    def drain(self, timeout_s: float = 30.0) -> list[dict]:
+        return self._svc.drain(timeout_s)
+
+    def shutdown(self) -> bool:
+        """Stop the front end and flush incident files; the actor process itself is
+        ended by the caller (``ray.kill``) or with its driver."""
+        self._svc.stop()
+        return True
+
+    def ping(self) -> bool:
+        return self._svc.frontend.alive
+
+
+def start_coordinator(export_dir: str, cluster: dict, *, name: str = DEFAULT_NAME,
+                      namespace: str = DEFAULT_NAMESPACE, bind: str = "tcp://127.0.0.1:0",
+                      detached: bool = False, job: str | None = None, curve: dict | None = None,
+                      ) -> "ray.actor.ActorHandle":
+    """Start the named coordinator actor, or join it if one of that name is already
+    running (then ``export_dir``/``cluster``/``bind`` of the running one apply).
+
+    Returns the actor handle once its front end is bound (``endpoint()`` answers).
+    ``detached`` keeps it alive past this driver. ``curve``: CurveKeys fields
+    (public, secret, allow_dir) for a non-loopback ``bind``.
+    """
+    if not ray.is_initialized():
+        ray.init(namespace=namespace, include_dashboard=False)
+    try:
+        handle = ray.get_actor(name, namespace=namespace)
+        log.info("joining running coordinator %s/%s", namespace, name)
+    except ValueError:
+        opts: dict[str, Any] = dict(name=name, namespace=namespace, max_concurrency=8, num_cpus=0,
+                                    get_if_exists=True)
+        if detached:
+            opts["lifetime"] = "detached"
+        handle = ray.remote(_CoordinatorActor).options(**opts).remote(
+            str(export_dir), dict(cluster or {}), bind, job, curve)
+    ray.get(handle.endpoint.remote())  # surfaces a bind or settings error here, not later
+    return handle
+
+
+def get_coordinator(name: str = DEFAULT_NAME, namespace: str = DEFAULT_NAMESPACE) -> "ray.actor.ActorHandle":
+    """The running coordinator actor; ValueError naming it when there is none."""
+    try:
+        return ray.get_actor(name, namespace=namespace)
+    except ValueError:
+        raise ValueError(f"no coordinator actor named {name!r} in Ray namespace {namespace!r}; "
+                         "start one with `rankscope coordinator` or `rankscope launch`") from None
+
+
+def stop_coordinator(handle: "ray.actor.ActorHandle", timeout_s: float = 30.0) -> None:
+    """Let the actor close its sockets and flush incident state, then kill it.
+
+    Never raises: it runs in ``finally`` blocks, where the actor may already be gone.
+    """
+    try:
+        ray.get(handle.shutdown.remote(), timeout=timeout_s)
+    except Exception:  # noqa: BLE001 - already dead or unreachable: kill it anyway
+        pass
+    try:
+        ray.kill(handle)
+    except Exception:  # noqa: BLE001
+        pass

@@ -1,0 +1,248 @@
+"""The ingest benchmark behind ``rankscope bench ingest``: records/s into a real coordinator
+actor, and detection latency.
+
+Simulated ranks run in separate processes (``--nodes`` of them, each playing one
+node agent with its share of the ranks, as in a real cluster) and send real wire
+frames over real ZeroMQ sockets into a real coordinator Ray actor.
+
+Two phases, so each figure means one thing:
+
+1. throughput: ``steps - 1`` clean steps sent as fast as the sockets take them;
+   ``records_per_s`` = records / (coordinator's last ingest - first send).
+   Frames are encoded before the clock starts: the sender's cost is not the
+   coordinator's.
+2. detection: once phase 1 is ingested, one more step in which ``--fault-rank``
+   has a NaN in a local gradient; ``detect_latency_ms`` = incident recorded (wall
+   clock in the actor) - last frame of that step sent.
+
+The last line printed is JSON.
+"""
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import tempfile
+import time
+import uuid
+from typing import Any
+
+import numpy as np
+
+from rankscope.wire import protocol
+from rankscope.wire.records import Kind, StepBatch
+
+#: Kinds of the simulated tensors, in execution order after the loss.
+_CYCLE = (Kind.FORWARD, Kind.PARAM, Kind.GRAD_LOCAL, Kind.GRAD_REDUCED, Kind.OPT_STATE)
+
+
+def simulated_batch(job: str, rank: int, step: int, tensors: int, rng: np.random.Generator,
+                    fault: bool = False) -> StepBatch:
+    """One rank's step: replicated kinds identical on every rank (same crc/stats),
+    local kinds with a few percent per-rank noise, like a healthy DP job."""
+    n = tensors
+    kinds = np.array([Kind.LOSS] + [_CYCLE[i % len(_CYCLE)] for i in range(n - 1)], np.uint8)[:n]
+    base = 1.0 + np.arange(n, dtype=np.float64) / n  # per-tensor magnitude, same on all ranks
+    scale = base * (1.0 + 0.001 * step)
+    local = np.isin(kinds, [Kind.FORWARD, Kind.GRAD_LOCAL, Kind.LOSS])
+    noise = np.where(local, 1.0 + 0.02 * rng.standard_normal(n), 1.0)
+    norm = scale * noise
+    stats = np.stack([norm / 8, -norm / 8, norm / 100, norm], axis=1)
+    crc = np.where(local, -1, (np.arange(n) * 2654435761 + step) % (1 << 31)).astype(np.int64)
+    nan = np.zeros(n, np.int64)
+    if fault:
+        j = int(np.flatnonzero(kinds == Kind.GRAD_LOCAL)[0])
+        nan[j] = 7
+        stats[j] = np.nan
+    return StepBatch(job=job, rank=rank, step=step, name_ids=np.arange(n, dtype=np.uint32), kinds=kinds,
+                     exec_index=np.arange(n, dtype=np.uint32), stats=stats, nan_count=nan,
+                     inf_count=np.zeros(n, np.int64), numel=np.full(n, 4096, np.int64), crc32=crc,
+                     new_names={i: f"Cell.layer{i}.{Kind(int(k)).name.lower()}.0" for i, k in enumerate(kinds)}
+                     if step == 0 else {}, wall_time=0.0)
+
+
+#: Sender processes meet at a barrier every this many steps, like a real DP job whose
+#: allreduce keeps ranks in step (free-running load generators drift apart by hundreds).
+SYNC_EVERY = 4
+
+
+def _sender(node: int, ranks: list[int], args: dict, endpoint: str, ready: Any, go1: Any, go2: Any,
+            results: Any, sync: Any) -> None:
+    import zmq
+
+    from rankscope.wire.transport import connect_dealer
+
+    job, tensors, steps = args["job"], args["tensors"], args["steps"]
+    rng = np.random.default_rng(node)
+    seqs = {r: protocol.SeqCounter() for r in ranks}
+    frame = protocol.encode
+
+    register = [frame(protocol.Message(protocol.REGISTER, job, f"rank:{r}", seqs[r](), {
+        "host": f"simnode{node}", "pid": 100000 + r, "claimed_rank": r, "assigned_rank": r,
+        "world_size": args["ranks"]}))
+        for r in ranks]
+    phase1 = [[frame(protocol.step_message(simulated_batch(job, r, s, tensors, rng), f"rank:{r}", seqs[r]()))
+               for r in ranks] for s in range(steps - 1)]
+    last = steps - 1
+    phase2 = [frame(protocol.step_message(simulated_batch(job, r, last, tensors, rng, fault=(r == args["fault_rank"])),
+                                          f"rank:{r}", seqs[r]())) for r in ranks]
+    ctx = zmq.Context()
+    sock = connect_dealer(ctx, endpoint, f"agent:simnode{node}:{os.getpid()}".encode())
+    sock.setsockopt(zmq.SNDHWM, 0)  # phase 1 is a burst: let it queue, the clock is on the receiver
+    for f in register:
+        sock.send(f)
+    ready.set()
+    go1.wait()
+    t0 = time.time()
+    for s, step_frames in enumerate(phase1):
+        for f in step_frames:
+            sock.send(f)
+        if s % SYNC_EVERY == SYNC_EVERY - 1:
+            sync.wait()
+    t1 = time.time()
+    go2.wait()
+    for f in phase2:
+        sock.send(f)
+    t2 = time.time()
+    results.put({"node": node, "phase1_start": t0, "phase1_sent": t1, "phase2_sent": t2})
+    # Control from the coordinator (export) is never read: simulated ranks have no gate and
+    # no bundle, so the incident is written at its export timeout.
+    time.sleep(0.2)
+    sock.close(linger=0)
+    ctx.term()
+
+
+def inprocess_baseline(ranks: int, tensors: int, steps: int) -> float:
+    """Records/s of decode + core alone, one thread, no sockets, no Ray, on the same kind
+    of frames: the same-run baseline the actor's figure is compared with."""
+    from rankscope.coordinator.logic.core import CoordinatorCore
+
+    rng = np.random.default_rng(0)
+    steps = max(2, min(steps, 4096 // ranks + 1))  # bounded work; step 0 (names) is warm-up
+    frames = [protocol.encode(protocol.step_message(simulated_batch("base", r, s, tensors, rng), f"rank:{r}", s))
+              for s in range(steps) for r in range(ranks)]
+    core = CoordinatorCore({})
+    for r in range(ranks):
+        core.on_register("base", r, {"world_size": ranks})
+    decoder = protocol.Decoder(job="base")
+
+    def feed(chunk: list[bytes]) -> None:
+        core.on_steps([protocol.step_from_message(decoder.decode(f)) for f in chunk])
+        core.tick()
+
+    feed(frames[:ranks])
+    timed = frames[ranks:]
+    t0 = time.perf_counter()
+    for i in range(0, len(timed), 1024):
+        feed(timed[i:i + 1024])
+    return len(timed) * tensors / (time.perf_counter() - t0)
+
+
+def run_ingest(ranks: int, tensors: int, steps: int, *, nodes: int | None = None, fault_rank: int | None = None,
+               export_dir: str | None = None, timeout_s: float = 300.0, log=print) -> dict:
+    from rankscope.coordinator.server.client import Coordinator, connect_ray, disconnect_ray
+
+    if steps < 2 or ranks < 1 or tensors < 3:
+        raise ValueError(f"need steps >= 2, ranks >= 1, tensors >= 3 (got {steps}, {ranks}, {tensors})")
+    # Two load generators: on a 2-core machine more sender processes mostly measure their
+    # own context switches, and in a real cluster the senders are other hosts anyway.
+    nodes = nodes or max(1, min(2, ranks))
+    fault_rank = ranks // 3 if fault_rank is None else fault_rank
+    job = f"bench-{uuid.uuid4().hex[:8]}"
+    export_dir = export_dir or tempfile.mkdtemp(prefix="rankscope-bench-")
+    started_ray = connect_ray(None, "rankscope-bench", num_cpus=2)
+    # The lag check is off here: phase 1 blasts frames as fast as sockets take them, so
+    # one sender's frames can sit in buffers while the other's arrive (arrival skew of a
+    # load generator, not a rank lagging). Deadlines and the other detectors stay on.
+    cluster = {"on_divergence": "continue", "export_timeout_s": 1.0, "deadline_s": 60.0,
+               "detectors": {"progress": {"lag_steps": None}}}
+    coord = Coordinator.start(export_dir, cluster, name=job, namespace="rankscope-bench", job=job)
+    try:
+        endpoint = coord.endpoint()
+        spawn = mp.get_context("spawn")
+        ready = [spawn.Event() for _ in range(nodes)]
+        go1, go2, results, sync = spawn.Event(), spawn.Event(), spawn.Queue(), spawn.Barrier(nodes)
+        share = [list(range(ranks))[i::nodes] for i in range(nodes)]
+        args = {"job": job, "tensors": tensors, "steps": steps, "ranks": ranks, "fault_rank": fault_rank}
+        procs = [spawn.Process(target=_sender, args=(i, share[i], args, endpoint, ready[i], go1, go2, results, sync),
+                               daemon=True) for i in range(nodes)]
+        for p in procs:
+            p.start()
+        for ev in ready:
+            if not ev.wait(timeout_s):
+                raise TimeoutError("simulated nodes did not get ready (encoding frames)")
+        records1 = ranks * tensors * (steps - 1)
+        log(f"bench ingest: {ranks} ranks x {tensors} tensors x {steps} steps via {nodes} simulated nodes -> {endpoint}")
+        go1.set()
+        st = _wait(coord, lambda s: s["metrics"]["records_ingested"] >= records1, timeout_s,
+                   every=0.25)  # the figure uses the actor's own last-ingest time, not this poll
+        judged_wait = _wait(coord, lambda s: (s.get("last_judged_step") or -1) >= steps - 2, 30.0,
+                            must=False)
+        go2.set()
+        _wait(coord, lambda s: bool(s["incidents"]), timeout_s)
+        sent = [results.get(timeout=timeout_s) for _ in procs]
+        for p in procs:
+            p.join(10)
+        phase1_first = min(r["phase1_start"] for r in sent)
+        phase2_sent = max(r["phase2_sent"] for r in sent)
+        incs = coord.incidents()
+        inc = min(incs, key=lambda i: i["detected_at_epoch"])
+        elapsed = st["last_step_wall"] - phase1_first
+        final = coord.status()
+        out = {
+            "ranks": ranks, "tensors": tensors, "steps": steps, "nodes": nodes,
+            "records": ranks * tensors * steps,
+            "records_per_s": round(records1 / elapsed, 1),
+            "frames_per_s": round(ranks * (steps - 1) / elapsed, 1),
+            "detect_latency_ms": round((inc["detected_at_epoch"] - phase2_sent) * 1000.0, 1),
+            "detector": inc["detector"], "flagged_rank": inc["first_diverging_rank"], "flagged_step": inc["step"],
+            "correct": inc["first_diverging_rank"] == fault_rank and inc["step"] == steps - 1,
+            "fault_rank": fault_rank, "rejected": final.get("rejected"), "duplicates": final.get("duplicates"),
+            "judged_before_fault": judged_wait is not None, "export_dir": export_dir,
+        }
+        # Let the incident finish (export times out: simulated ranks send no bundle) so
+        # incident.json and report.html land in export_dir.
+        coord.drain(10.0)
+        base = inprocess_baseline(ranks, tensors, steps)
+        out["inprocess_records_per_s"] = round(base, 1)
+        out["vs_inprocess"] = round(out["records_per_s"] / base, 3)
+        return out
+    finally:
+        coord.stop()
+        if started_ray:
+            disconnect_ray()
+
+
+def _wait(coord: Any, cond, timeout_s: float, must: bool = True, every: float = 0.05) -> dict | None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        st = coord.status()
+        if cond(st):
+            return st
+        if time.monotonic() > deadline:
+            if must:
+                raise TimeoutError(f"bench: coordinator did not get there within {timeout_s}s: "
+                                   f"{ {k: st.get(k) for k in ('metrics', 'last_judged_step', 'rejected')} }")
+            return None
+        time.sleep(every)  # status() runs on the ingest thread: poll gently
+
+
+def run_scale(sizes: list[int], tensors: int, min_records: int, log=print) -> list[dict]:
+    """One run per rank count in one Ray; steps chosen so that every run measures at
+    least ``min_records`` records (a short run is all start-up noise)."""
+    from rankscope.coordinator.server.client import connect_ray, disconnect_ray
+    started = connect_ray(None, "rankscope-bench", num_cpus=2)
+    try:
+        rows = []
+        for r in sizes:
+            steps = max(20, -(-min_records // (r * tensors)) + 1)
+            rows.append(run_ingest(r, tensors, steps, log=log))
+            o = rows[-1]
+            log(f"  {r:>5} ranks x {tensors} tensors x {steps:>3} steps: {o['records_per_s'] / 1e3:8.0f}k records/s "
+                f"({o['vs_inprocess']:.2f}x in-process decode+core), detection {o['detect_latency_ms']:7.1f} ms, "
+                f"{'right rank' if o['correct'] else 'WRONG'}")
+        return rows
+    finally:
+        if started:
+            disconnect_ray()
+
+

@@ -1,0 +1,228 @@
+"""The coordinator service: logic core + ZeroMQ front end + incident actions.
+
+Plain Python (no Ray): :mod:`rankscope.coordinator.server.actor` is the thin Ray actor around it,
+the way ``ray.util.queue.Queue`` wraps ``_QueueActor``. Every method that touches
+the core or the socket runs on the front end's loop thread (via
+``Frontend.call_sync``), so the core needs no locks and stays pure.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from rankscope.coordinator.server.actions import ActionPerformer
+from rankscope.coordinator.server.frontend import Frontend, Handlers, Peer
+from rankscope.coordinator.server.metrics import CoordinatorMetrics
+from rankscope.wire import protocol
+from rankscope.wire.layout import rank_from_wire
+from rankscope.wire.protocol import Message
+
+log = logging.getLogger(__name__)
+
+
+
+class CoordinatorService(Handlers):
+    def __init__(self, export_dir: str | Path, cluster: dict | None = None, *,
+                 bind: str = "tcp://127.0.0.1:0", job: str | None = None, curve: Any = None,
+                 tick_s: float = 0.05, ray_metrics: bool = False) -> None:
+        from rankscope.config.cluster import parse_cluster
+        from rankscope.coordinator.logic.core import CoordinatorCore
+
+        cluster = dict(cluster or {})
+        self.job = job or cluster.get("job")
+        self.export_dir = Path(export_dir)
+        self.export_dir.mkdir(parents=True, exist_ok=True)
+        self.settings = parse_cluster(cluster)
+        # The core persists and reloads incident state under export_dir (restarts keep it).
+        self.core = CoordinatorCore(self.settings, export_dir=self.export_dir)
+        self.metrics = CoordinatorMetrics()
+        if ray_metrics:
+            self.metrics.enable_ray()
+        self.frontend = Frontend(self, bind, curve=curve, job=self.job, tick_s=tick_s)
+        self.actions = ActionPerformer(self.core, self.export_dir, self._send_control)
+        self.collector = None  # rankscope.coordinator.server.dump_collect.DumpCollector, created on first collect
+        self.last_judged_step = -1
+        self._next_lag = 0.0
+        self._known_incidents = {d["incident_id"] for d in self.core.incidents()}  # restored ones
+
+    # --- lifecycle ---------------------------------------------------------------------
+    def start(self) -> str:
+        return self.frontend.start()
+
+    def stop(self) -> None:
+        self.frontend.stop()
+        self.actions.close()
+
+    @property
+    def endpoint(self) -> str | None:
+        return self.frontend.endpoint
+
+    # --- Handlers (loop thread) --------------------------------------------------------
+    def on_steps(self, batches: list) -> None:
+        self.core.on_steps(batches)
+        self.metrics.add(records=sum(len(b) for b in batches))  # per rank-step, not per tensor
+
+    def on_message(self, msg: Message, peer: Peer) -> None:
+        b, job, t = msg.body, msg.job, msg.type
+        if t == protocol.HEARTBEAT:
+            self.core.on_heartbeat(job, rank_from_wire(b["rank"]), b["step"], b["state"])
+        elif t == protocol.REGISTER:
+            # The node agent forwards each registration with the id it assigned.
+            rank = rank_from_wire(b.get("assigned_rank"))
+            if rank is None:
+                log.warning("REGISTER from %s without a rank id: ignored", msg.src)
+                return
+            peer.ranks.add((job, rank))
+            self.core.on_register(job, rank, dict(b))
+        elif t == protocol.RANK_LOST:
+            self.core.on_rank_lost(job, rank_from_wire(b["rank"]), b["last_step"], b["exit_status"], b["reason"])
+        elif t == protocol.RANK_MAP:
+            self.core.on_rank_map(job, list(b["entries"]))
+        elif t == protocol.BUNDLE_CHUNK:
+            if not self.actions.accept_chunk(b) and self.collector is not None:
+                self.collector.accept(b)
+        elif t == protocol.STATUS:
+            self._on_status(job, b)
+
+    def _on_status(self, job: str, b: dict) -> None:
+        detail = b.get("detail") or {}
+        rank, what = detail.get("rank"), b["what"]
+        step = detail.get("step") if isinstance(detail.get("step"), int) else -1
+        if isinstance(rank, int) and what in ("paused", "running", "resumed", "stepping", "terminated"):
+            self.core.on_heartbeat(job, rank, step, "running" if what == "resumed" else what)
+        elif isinstance(rank, int) and what == "finished":
+            self.core.on_rank_finished(job, rank, step if step >= 0 else None)
+        if what.startswith("collect") and self.collector is not None:
+            self.collector.on_status(detail)
+
+    def on_tick(self, now: float) -> None:
+        self._judged(self.core.tick(now))
+        if now >= self._next_lag:  # lag needs every rank: once a second is plenty
+            self._next_lag = now + 1.0
+            self.metrics.add(lag=self._lag(self.core.status()))
+
+    def _judged(self, verdicts: list) -> None:
+        """After tick/drain: perform the core's actions, update metrics."""
+        self.actions.run()
+        counters = self.core.aligner.counters
+        for grp in self.core.aligner.groups.values():
+            self.last_judged_step = max(self.last_judged_step, grp.judged_through)
+        rejected = sum(self.frontend.decoder.rejected.values())
+        opened = 0
+        if verdicts:
+            ids = {d["incident_id"] for d in self.core.incidents()}
+            opened, self._known_incidents = len(ids - self._known_incidents), ids
+        self.metrics.add(steps=counters.get("steps_judged", 0) - self.metrics.steps_judged, incidents=opened,
+                         rejected=rejected - self.metrics.frames_rejected)
+
+    def rank_states(self, job: str) -> dict[int, tuple[str, int]]:
+        ranks = ((self.core.status().get("jobs") or {}).get(job) or {}).get("ranks") or {}
+        return {int(r): (v["state"], v["step"]) for r, v in ranks.items()}
+
+    @staticmethod
+    def _lag(core_status: dict) -> float:
+        lags = [r.get("lag", 0) for j in (core_status.get("jobs") or {}).values()
+                for r in j["ranks"].values() if r.get("state") in ("running", "paused", "expected")]
+        return float(max(lags, default=0))
+
+    def _send_control(self, command: str, *, job: str, incident: str | None = None,
+                      args: dict | None = None, target: int | None = None) -> int:
+        return self.frontend.send_control(command, job=job, args=args, incident=incident,
+                                          target=target, peers=self._peers(job))
+
+    def _peers(self, job: str) -> list[bytes]:
+        # Agents that carried this job's ranks; before any did, every connected agent.
+        return (self.frontend.peers_for(job) if job else []) or list(self.frontend.peers)
+
+    # --- operations (any thread) -------------------------------------------------------
+    def status(self) -> dict:
+        return self.frontend.call_sync(self._status)
+
+    def _status(self) -> dict:
+        core = self.core.status()
+        ranks: dict[str, dict] = {}
+        for job, j in (core.get("jobs") or {}).items():
+            if self.job is None or job == self.job:
+                ranks.update(j["ranks"])
+        return {
+            "endpoint": self.endpoint, "job": self.job, "ranks": ranks,
+            "last_judged_step": self.last_judged_step, "pending_steps": core.get("pending_steps"),
+            "counters": core.get("counters"), "jobs": core.get("jobs"),
+            "incidents": self._incidents(), "terminated": self.actions.terminated,
+            "metrics": self.metrics.snapshot(), "lag_steps": self._lag(core),
+            "peers": len(self.frontend.peers), "frames_in": self.frontend.frames_in,
+            "rejected": dict(self.frontend.decoder.rejected), "duplicates": self.frontend.replay.duplicates,
+            "first_step_wall": self.frontend.first_step_wall, "last_step_wall": self.frontend.last_step_wall,
+            "collect": self.collector.progress() if self.collector is not None else None,
+        }
+
+    def incidents(self) -> list[dict]:
+        return self.frontend.call_sync(self._incidents)
+
+    def _incidents(self) -> list[dict]:
+        return [{**d, "transfer_problems": self.actions.problems(d["incident_id"])} for d in self.core.documents()]
+
+    def control(self, command: str, args: dict | None = None) -> dict:
+        return self.frontend.call_sync(self._control, command, dict(args or {}))
+
+    def _control(self, command: str, args: dict) -> dict:
+        if command not in protocol.CONTROL_COMMANDS:
+            raise ValueError(f"command: {command!r} is not one of {', '.join(sorted(protocol.CONTROL_COMMANDS))}")
+        job = args.pop("job", None) or self.job or self.core.only_job()
+        if command == "collect":
+            return self._start_collect(job, args)
+        n = args.get("n")
+        before = {d["incident_id"] for d in self.core.incidents()}
+        actions = self.core.operator(command, job, n)  # validates; routes resume/terminate via the incident
+        self.actions.run()
+        out: dict[str, Any] = {"command": command, "job": job, "actions": [a.kind.value for a in actions],
+                               "sent_to_agents": len(self._peers(job))}
+        new = [d for d in self.core.incidents() if d["incident_id"] not in before]
+        if new:
+            out["incident"] = new[0]["incident_id"]
+            out["dir"] = new[0].get("dir")
+        return out
+
+    def _start_collect(self, job: str, args: dict) -> dict:
+        from rankscope.coordinator.server.dump_collect import (
+            DumpCollector,
+            parse_steps,
+            transfer_id,
+        )
+        steps, ranks = parse_steps(args.get("steps")), args.get("ranks") or None
+        if ranks is not None and not all(isinstance(r, int) and r >= 0 for r in ranks):
+            raise ValueError(f"collect: args.ranks must be non-negative rank ids, got {ranks!r}")
+        tid = transfer_id(steps, ranks)
+        if self.collector is None or self.collector.transfer != tid:
+            self.collector = DumpCollector(self.export_dir / "dumps", set(self.rank_states(job)),
+                                           steps=steps, ranks=ranks)
+        body = {"transfer": tid, "steps": steps, "ranks": ranks, "resume": self.collector.resume_offsets()}
+        sent = self._send_control("collect", job=job, args=body)
+        return {"command": "collect", "job": job, "transfer": tid, "sent_to_agents": sent,
+                "dest": str(self.collector.dest_root)}
+
+    def drain(self, timeout_s: float = 30.0) -> list[dict]:
+        """Judge every pending step now, then wait (up to ``timeout_s``) until no incident
+        is still pausing or exporting; return the incidents."""
+        self.frontend.call_sync(lambda: self._judged(self.core.drain()))
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and self.frontend.call_sync(self._in_flight):
+            time.sleep(0.05)
+        self.frontend.call_sync(self._write_now)
+        self.actions.flush(timeout_s)
+        return self.incidents()
+
+    def _write_now(self) -> None:
+        """Out of time (the job is over): time out what still waits for pauses or bundles,
+        so every incident gets its incident.json with what did arrive."""
+        for d in self.core.incidents():
+            for state, event in (("pausing", "pause_timeout"), ("exporting", "export_timeout")):
+                current = next(i["state"] for i in self.core.incidents() if i["incident_id"] == d["incident_id"])
+                if current == state:
+                    self.core.incident_event(d["incident_id"], event)
+                    self.actions.run()
+
+    def _in_flight(self) -> bool:
+        return any(d["state"] in ("detected", "pausing", "exporting") for d in self.core.incidents())

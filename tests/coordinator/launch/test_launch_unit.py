@@ -1,0 +1,120 @@
+"""The launcher's pure parts: the child environment, config checks, what it prints."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rankscope.coordinator.cli.launch import build_parser, load_cluster_section
+from rankscope.coordinator.launch.env import ATTACH_DIR, AttachSettings, child_env
+from rankscope.coordinator.launch.progress import ProgressPrinter, format_verdict
+
+
+def test_child_env_attaches_and_keeps_existing_pythonpath(tmp_path):
+    settings = AttachSettings(job="j1", agent_endpoint="ipc:///tmp/x.sock", dump_path=tmp_path / "d",
+                              config_path=tmp_path / "c.json")
+    env = child_env(settings, {"PATH": "/usr/bin", "PYTHONPATH": "/mine", "RANKSCOPE_CONFIG": "stale"})
+    assert env["PYTHONPATH"].split(os.pathsep) == [str(ATTACH_DIR), "/mine"]
+    # msrun starts `python` from PATH: it must be this interpreter.
+    assert env["PATH"].split(os.pathsep)[0] == str(Path(sys.executable).parent)
+    assert env["RANKSCOPE_ATTACH"] == "1" and env["RANKSCOPE_JOB"] == "j1"
+    assert env["RANKSCOPE_AGENT"] == "ipc:///tmp/x.sock"
+    assert env["RANKSCOPE_CONFIG"] == str(tmp_path / "c.json")
+    assert env["RANKSCOPE_DUMP_PATH"] == str(tmp_path / "d")
+
+
+def test_child_env_drops_a_stale_config_when_none_given(tmp_path):
+    env = child_env(AttachSettings("j", "ipc://a", tmp_path), {"RANKSCOPE_CONFIG": "/old.json"})
+    assert "RANKSCOPE_CONFIG" not in env
+
+
+def test_attach_hook_is_inert_in_a_process_that_never_imports_mindspore(tmp_path):
+    # msrun's own launcher process runs the hook too: it must not import MindSpore
+    # (a second of start-up and a device context in a process that never trains).
+    env = child_env(AttachSettings("j", f"ipc://{tmp_path}/none.sock", tmp_path))
+    code = "import sys; print('mindspore' in sys.modules, 'agent' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    imported_ms, _ = out.stdout.split()
+    assert imported_ms == "False"
+    assert "attach failed" not in out.stderr
+
+
+def test_bad_config_file_is_named(tmp_path):
+    bad = tmp_path / "c.json"
+    bad.write_text("{not json")
+    with pytest.raises(SystemExit, match="not valid JSON"):
+        load_cluster_section(bad, None)
+    with pytest.raises(SystemExit, match="(?i)no such file"):
+        load_cluster_section(tmp_path / "missing.json", None)
+
+
+def test_bad_cluster_field_is_rejected_before_anything_starts(tmp_path):
+    cfg = tmp_path / "c.json"
+    cfg.write_text(json.dumps({"cluster": {"on_divergence": "explode"}}))
+    with pytest.raises(SystemExit, match="on_divergence"):
+        load_cluster_section(cfg, None)
+
+
+def test_flag_overrides_config_action(tmp_path):
+    cfg = tmp_path / "c.json"
+    cfg.write_text(json.dumps({"cluster": {"on_divergence": "continue"}}))
+    assert load_cluster_section(cfg, "terminate")["on_divergence"] == "terminate"
+    assert load_cluster_section(cfg, None)["on_divergence"] == "continue"
+    assert load_cluster_section(None, None)["on_divergence"] == "pause"
+
+
+def test_parser_keeps_the_command_verbatim():
+    args = build_parser().parse_args(["--export-dir", "o", "--", "msrun", "--worker_num=4", "train.py"])
+    assert args.cmd == ["--", "msrun", "--worker_num=4", "train.py"]
+
+
+def test_progress_prints_only_changes():
+    lines: list[str] = []
+    pp = ProgressPrinter(lines.append)
+    status = {"ranks": {"0": {"step": 1}, "1": {"step": 1}}, "last_judged_step": 1, "incidents": []}
+    pp.update(status)
+    pp.update(status)
+    assert len(lines) == 2 and "2 rank(s) attached: 0, 1" in lines[0] and "step 1 judged" in lines[1]
+    status["incidents"] = [{"incident_id": "i1", "detector": "nan_origin", "first_diverging_rank": 1,
+                            "step": 3, "tensor": "Cell.fc1.Dense.forward.0"}]
+    pp.update(status)
+    pp.update(status)
+    assert len(lines) == 3 and "rank 1 at step 3" in lines[2]
+
+
+def test_verdict_names_rank_step_tensor_and_report():
+    text = format_verdict({"first_diverging_rank": 2, "detector": "nan_origin", "step": 4,
+                           "tensor": "Cell.fc1.Dense.forward.0", "dir": "/x/incidents/abc",
+                           "bundles": {"0": "a", "2": "b"}, "ties": [], "evidence": {"rule": "nan_count > 0"}})
+    assert "rank 2 diverged first" in text and "step     : 4" in text
+    assert "/x/incidents/abc/report.html" in text and "rank 0, rank 2" in text and "nan_count > 0" in text
+
+
+def test_agent_mode_joins_the_hosts_agent_and_returns_the_command_status(tmp_path):
+    # Multi-node (Slurm, bare metal, k8s): no Ray, no coordinator, no agent of its own;
+    # the ranks get the host agent's endpoint and the job id every node shares.
+    code = ("import os, sys; print(os.environ['RANKSCOPE_AGENT'], os.environ['RANKSCOPE_JOB'], "
+            "os.environ['RANKSCOPE_ATTACH']); sys.exit(3)")
+    out = subprocess.run([sys.executable, "-m", "rankscope", "launch", "--agent", "ipc:///run/x.sock",
+                          "--job", "j42", "--export-dir", str(tmp_path), "--", sys.executable, "-c", code],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 3, out.stderr
+    assert "ipc:///run/x.sock j42 1" in out.stdout
+    assert "coordinator up" not in out.stdout and "node agent listening" not in out.stdout
+    assert "attaching ranks to this host's node agent" in out.stdout
+
+
+def test_agent_mode_requires_a_shared_job_id(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "rankscope", "launch", "--agent", "ipc:///run/x.sock",
+                          "--", "true"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "--agent needs --job" in out.stderr
+
+
+def test_the_attach_directory_is_the_installed_packages():
+    from rankscope.coordinator.launch.env import ATTACH_DIR
+    assert (ATTACH_DIR / "sitecustomize.py").is_file()

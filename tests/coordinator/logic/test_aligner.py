@@ -1,0 +1,208 @@
+"""StepAligner: keys by (group, step, name, call index), completion, deadlines, memory bound."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from logic_helpers import FakeClock, feed_step
+
+from rankscope.config.cluster import parse_cluster
+from rankscope.coordinator.logic.aligner import RankState, StepAligner
+from rankscope.coordinator.logic.core import CoordinatorCore
+from rankscope.coordinator.logic.synthetic import SyntheticTraining
+from rankscope.wire.records import Kind, NameTable, StepBatchBuilder
+
+
+def _batch(table: NameTable, rank: int, step: int, records: list[tuple[str, Kind, float]], job: str = "j"):
+    bld = StepBatchBuilder(table)
+    for name, kind, val in records:
+        bld.add(name, kind, (val, -val, val / 2, abs(val)), numel=4)
+    return bld.build(job, rank, step)
+
+
+def test_records_align_by_name_not_by_each_ranks_local_id() -> None:
+    al = StepAligner(parse_cluster({}))
+    t0, t1 = NameTable(), NameTable()
+    # Rank 1 meets the names in another order, so its local ids differ from rank 0's.
+    al.ingest(_batch(t0, 0, 0, [("a", Kind.PARAM, 1.0), ("b", Kind.PARAM, 2.0)]), 0.0)
+    al.ingest(_batch(t1, 1, 0, [("b", Kind.PARAM, 2.0), ("a", Kind.PARAM, 1.0)]), 0.0)
+    [(_, view)] = al.ready(0.0)
+    col_a, col_b = view.keys.names.index("a"), view.keys.names.index("b")
+    assert view.stats[:, col_a, 0].tolist() == [1.0, 1.0]
+    assert view.stats[:, col_b, 0].tolist() == [2.0, 2.0]
+    assert view.exec[:, col_a].tolist() == [0, 1]  # execution order is each rank's own
+
+
+def test_a_name_recorded_twice_in_a_step_gets_a_column_per_call() -> None:
+    al = StepAligner(parse_cluster({}))
+    t = NameTable()
+    al.ingest(_batch(t, 0, 0, [("Cell.f", Kind.FORWARD, 1.0), ("Cell.f", Kind.FORWARD, 5.0)]), 0.0)
+    [(_, view)] = al.ready(0.0)
+    assert view.keys.names == ["Cell.f", "Cell.f#1"]
+    assert view.stats[0, :, 0].tolist() == [1.0, 5.0]
+    # Next step reuses both columns (the cached layout must keep the call index).
+    al.ingest(_batch(t, 0, 1, [("Cell.f", Kind.FORWARD, 2.0), ("Cell.f", Kind.FORWARD, 6.0)]), 0.0)
+    [(_, view)] = al.ready(0.0)
+    assert view.stats[0, :, 0].tolist() == [2.0, 6.0]
+
+
+def test_step_is_judged_once_every_live_rank_reported() -> None:
+    clock = FakeClock()
+    core = CoordinatorCore({}, clock=clock)
+    sim = SyntheticTraining(ranks=4, tensors=16, seed=1)
+    for r in range(4):
+        core.on_register(sim.job, r, {"world_size": 4})
+    batches = sim.batches(0)
+    for b in batches[:3]:
+        core.on_step(b)
+    core.tick()
+    assert core.status()["counters"]["steps_judged"] == 0
+    assert core.status()["pending_steps"] == 1
+    core.on_step(batches[3])
+    assert core.tick() == []
+    assert core.status()["counters"]["steps_judged"] == 1
+    assert core.status()["pending_steps"] == 0
+
+
+def test_world_size_makes_unregistered_ranks_awaited_then_a_deadline_finding() -> None:
+    clock = FakeClock()
+    core = CoordinatorCore({"deadline_s": 5.0}, clock=clock)
+    sim = SyntheticTraining(ranks=3, tensors=16, seed=2)
+    core.on_register(sim.job, 0, {"world_size": 4})  # rank 3 never shows up
+    for b in sim.batches(0):
+        core.on_step(b)
+    assert core.tick() == []
+    clock.advance(5.0)
+    [v] = core.tick()
+    assert (v.detector, v.rank, v.step) == ("progress", 3, 0)
+    assert core.status()["jobs"][sim.job]["ranks"]["3"]["state"] == "stalled"
+
+
+def test_late_records_and_unknown_names_are_counted_not_mixed_in() -> None:
+    al = StepAligner(parse_cluster({}))
+    t = NameTable()
+    al.ingest(_batch(t, 0, 0, [("a", Kind.LOSS, 1.0)]), 0.0)
+    al.ready(0.0)
+    al.ingest(_batch(t, 0, 0, [("a", Kind.LOSS, 9.0)]), 0.0)  # step 0 was already judged
+    assert al.counters["late_records"] == 1
+    b = _batch(t, 0, 1, [("b", Kind.LOSS, 1.0)])
+    b.new_names = {}  # the name table was lost on the way
+    al.ingest(b, 0.0)
+    assert al.counters["unknown_name_records"] == 1
+    [(_, view)] = al.ready(0.0)
+    assert not view.present.any()
+
+
+def test_pending_steps_stay_bounded_when_a_rank_falls_behind() -> None:
+    clock = FakeClock()
+    core = CoordinatorCore({"max_pending_steps": 8, "detectors": {"progress": {"lag_steps": None}}}, clock=clock)
+    sim = SyntheticTraining(ranks=4, tensors=16, seed=3)
+    for r in range(4):
+        core.on_register(sim.job, r, {"world_size": 4})
+    found = []
+    for step in range(50):
+        for b in sim.batches(step)[:3]:  # rank 3 is stuck at step 0, still "running"
+            core.on_step(b)
+        found += core.tick()
+        assert core.status()["pending_steps"] <= 9
+    assert [(v.detector, v.rank, v.step) for v in found] == [("progress", 3, 0)]
+
+
+def test_lost_rank_is_no_longer_awaited() -> None:
+    clock = FakeClock()
+    core = CoordinatorCore({}, clock=clock)
+    sim = SyntheticTraining(ranks=4, tensors=16, seed=4)
+    for r in range(4):
+        core.on_register(sim.job, r, {"world_size": 4})
+    for b in sim.batches(0):
+        core.on_step(b)
+    core.tick()
+    core.on_rank_lost(sim.job, 2, 0, -9, "SIGKILL")
+    for b in sim.batches(1):
+        if b.rank != 2:
+            core.on_step(b)
+    found = core.tick()
+    assert core.status()["counters"]["steps_judged"] == 2
+    assert [(v.detector, v.rank, v.step) for v in found] == [("progress", 2, 1)]
+
+
+@pytest.mark.parametrize("groups", [[[0, 1, 2, 3], [4, 5, 6, 7]], "dp"])
+def test_groups_are_judged_separately(groups) -> None:
+    al = StepAligner(parse_cluster({"groups": groups}))
+    sim = SyntheticTraining(ranks=8, tensors=16, seed=5)
+    al.register(sim.job, 0, {"world_size": 8})
+    for b in sim.batches(0)[:4]:  # only the first group reports
+        al.ingest(b, 0.0)
+    ready = al.ready(0.0)
+    if groups == "dp":
+        assert ready == []  # one group of 8: still waiting
+    else:
+        [(grp, view)] = ready
+        assert (grp.label, view.ranks.tolist()) == (f"{sim.job}/0", [0, 1, 2, 3])
+
+
+def test_rank_state_follows_heartbeats() -> None:
+    core = CoordinatorCore({}, clock=FakeClock())
+    core.on_heartbeat("j", 0, 3, "paused")
+    assert core.aligner.ranks[("j", 0)].state is RankState.PAUSED
+    core.on_heartbeat("j", 0, 3, "running")
+    assert core.status()["jobs"]["j"]["ranks"]["0"]["state"] == "running"
+    assert np.isfinite(core.status()["jobs"]["j"]["ranks"]["0"]["seen_s_ago"])
+
+
+def test_unranked_batches_and_losses_are_counted_not_aligned() -> None:
+    core = CoordinatorCore({}, clock=FakeClock())
+    sim = SyntheticTraining(ranks=1, tensors=16, seed=6, first_rank=0)
+    [b] = sim.batches(0)
+    b.rank = -1
+    core.on_steps([b])
+    core.on_rank_lost("j", None, -1, None, "exited")
+    core.on_heartbeat("j", None, 0, "running")
+    assert core.status()["counters"]["unranked_batches"] == 1
+    assert core.status()["jobs"] == {} and core.tick() == []
+
+
+def test_malformed_name_tables_are_refused_without_huge_allocations() -> None:
+    al = StepAligner(parse_cluster({}))
+    t = NameTable()
+    b = _batch(t, 0, 0, [("a", Kind.LOSS, 1.0)])
+    b.new_names.update({2**40: "huge id", -3: "negative", "7": "str id", 5: b"bytes"})
+    al.ingest(b, 0.0)
+    assert al.counters["bad_names"] == 4
+    assert al.ranks[("j", 0)].names.key_of.shape[0] < 1 << 20
+    [(_, view)] = al.ready(0.0)
+    assert view.keys.names == ["a"] and view.present.all()
+
+
+def test_judged_steps_are_dropped_keeping_one_step_of_history() -> None:
+    clock = FakeClock()
+    core = CoordinatorCore({}, clock=clock)
+    sim = SyntheticTraining(ranks=4, tensors=16, seed=9)
+    core.series.max_steps = 16
+    for step in range(40):
+        for b in sim.batches(step):
+            core.on_step(b)
+        core.tick()
+    [grp] = core.aligner.groups.values()
+    assert grp.slots == {} and grp.judged_through == 39
+    assert grp.prev.step == 39 and grp.prev.prev is None  # one step, not a chain
+    series = core.series.to_dict()[grp.label]
+    assert series["steps"] == list(range(24, 40)) and len(series["loss"][0]) == 4
+
+
+def test_a_new_run_reusing_the_job_id_is_aligned_and_judged_from_scratch() -> None:
+    clock = FakeClock()
+    core = CoordinatorCore({}, clock=clock)
+    found = []
+    for run in range(2):
+        sim = SyntheticTraining(ranks=4, tensors=16, seed=10 + run)
+        for r in range(4):
+            core.on_register(sim.job, r, {"world_size": 4, "pid": 100 * (run + 1) + r})
+        for step in range(6 if run == 0 else 3):
+            batches = sim.batches(step)
+            if step == 2:  # the same fault in both runs: the NaN latch must not hide the second
+                batches[run + 1].nan_count[sim.column("Sentinel.grad_local.")] = 1
+            found += feed_step(core, clock, batches)
+        for r in range(4):
+            core.on_rank_finished(sim.job, r)
+    assert [(v.detector, v.rank, v.step) for v in found] == [("nan_origin", 1, 2), ("nan_origin", 2, 2)]
+    assert core.status()["counters"]["late_records"] == 0

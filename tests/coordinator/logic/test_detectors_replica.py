@@ -1,0 +1,130 @@
+"""Replica consistency: what DP keeps identical must match bit for bit; minority flagged."""
+from __future__ import annotations
+
+import numpy as np
+from logic_helpers import FakeClock, feed_step, view_of
+
+from rankscope.config.cluster import parse_cluster
+from rankscope.coordinator.logic.core import CoordinatorCore
+from rankscope.coordinator.logic.detectors.replica import ReplicaDetector
+from rankscope.coordinator.logic.synthetic import SyntheticTraining
+from rankscope.wire.records import NO_CRC
+
+
+def test_rank_whose_param_crc_differs_is_named() -> None:
+    sim = SyntheticTraining(ranks=8, tensors=32, seed=1)
+    batches = sim.batches(0)
+    p = sim.column("Sentinel.param.layer4.")
+    batches[6].crc32[p] ^= 0x10  # one flipped bit in rank 6's copy of the weights
+    [v] = ReplicaDetector().judge(view_of(batches), {})
+    assert (v.rank, v.step, v.ties, v.kind) == (6, 0, [], "param")
+    assert v.tensor == sim.names[p]
+    assert v.evidence["majority"] is True and v.evidence["agreeing_ranks"] == 7
+    assert v.evidence["crc32"] != v.evidence["majority_crc32"]
+
+
+def test_stats_alone_must_match_bit_for_bit_when_no_checksum() -> None:
+    sim = SyntheticTraining(ranks=4, tensors=32, seed=2)
+    batches = sim.batches(0)
+    g = sim.column("Sentinel.grad_reduced.layer1.")
+    for b in batches:
+        b.crc32[:] = NO_CRC
+    batches[1].stats[g, 3] = np.nextafter(batches[1].stats[g, 3], np.inf)  # one ulp
+    [v] = ReplicaDetector().judge(view_of(batches), {})
+    assert (v.rank, v.kind) == (1, "grad_reduced")
+
+
+def test_two_deviating_ranks_are_ties_and_two_rank_split_names_both() -> None:
+    sim = SyntheticTraining(ranks=8, tensors=32, seed=3)
+    batches = sim.batches(0)
+    p = sim.column("Sentinel.param.layer0.")
+    batches[5].crc32[p] += 1
+    batches[2].crc32[p] += 2
+    [v] = ReplicaDetector().judge(view_of(batches), {})
+    assert (v.rank, v.ties) == (2, [5])
+
+    sim2 = SyntheticTraining(ranks=2, tensors=32, seed=3)
+    pair = sim2.batches(0)
+    pair[1].crc32[p] += 1
+    [v2] = ReplicaDetector().judge(view_of(pair), {})
+    assert v2.evidence["majority"] is False
+    assert sorted([v2.rank, *v2.ties]) == [0, 1]
+
+
+def test_earliest_differing_record_wins() -> None:
+    sim = SyntheticTraining(ranks=4, tensors=32, seed=4)
+    batches = sim.batches(0)
+    batches[3].crc32[sim.column("Sentinel.grad_reduced.layer2.")] += 1  # later in the step
+    batches[1].crc32[sim.column("Sentinel.param.layer5.")] += 1  # at step start
+    [v] = ReplicaDetector().judge(view_of(batches), {})
+    assert v.rank == 1
+
+
+def test_clean_replicas_and_legitimately_different_local_values_raise_nothing() -> None:
+    sim = SyntheticTraining(ranks=8, tensors=32, seed=5)
+    # local loss/grads/activations differ per rank in every synthetic step
+    assert ReplicaDetector().judge(view_of(sim.batches(0)), {}) == []
+
+
+def test_replicas_mode_compares_every_kind() -> None:
+    sim = SyntheticTraining(ranks=4, tensors=32, seed=6, loss_noise=0, grad_noise=0, act_noise=0)
+    sim.rank_offset[:] = 0  # identical input on every replica: identical activations
+    batches = sim.batches(0)
+    act = sim.column("Cell.layer2.")
+    batches[2].stats[act, 2] *= 1.0001
+    assert ReplicaDetector().judge(view_of(batches), {}) == []  # "dp": activations may differ
+    [v] = ReplicaDetector().judge(view_of(batches, parse_cluster({"groups": "replicas"})), {})
+    assert (v.rank, v.kind, v.tensor) == (2, "forward", sim.names[act])
+
+
+def test_per_dp_group_replicas_hold_different_params_without_alarm() -> None:
+    """Hybrid parallel: ranks 0-3 and 4-7 hold different shards; each group is its own replica set."""
+    clock = FakeClock()
+    core = CoordinatorCore({"groups": [[0, 1, 2, 3], [4, 5, 6, 7]]}, clock=clock)
+    sim = SyntheticTraining(ranks=8, tensors=32, seed=7)
+    p = sim.column("Sentinel.param.layer1.")
+    found = []
+    for step in range(30):
+        batches = sim.batches(step)
+        for b in batches[4:]:
+            b.crc32[p] += 7  # the second group's shard differs from the first's
+        if step == 20:
+            batches[6].crc32[p] += 1
+        found += feed_step(core, clock, batches)
+    assert [(v.detector, v.rank, v.step, v.group) for v in found] == [("replica", 6, 20, f"{sim.job}/1")]
+
+
+def test_kinds_compared_are_configurable() -> None:
+    sim = SyntheticTraining(ranks=4, tensors=32, seed=8)
+    clock = FakeClock()
+    core = CoordinatorCore({"detectors": {"replica": {"kinds": ["param"]}}}, clock=clock)
+    batches = sim.batches(0)
+    batches[2].crc32[sim.column("Sentinel.grad_reduced.layer0.")] += 1  # not compared any more
+    assert feed_step(core, clock, batches) == []
+    batches = sim.batches(1)
+    batches[2].crc32[sim.column("Sentinel.param.layer0.")] += 1
+    assert [(v.detector, v.rank) for v in feed_step(core, clock, batches)] == [("replica", 2)]
+
+
+def test_inference_replicas_name_the_token() -> None:
+    """DP inference workers given the same prompts: the verdict says which decode call parted."""
+    sim = SyntheticTraining(ranks=3, tensors=32, seed=9, loss_noise=0, grad_noise=0, act_noise=0)
+    sim.rank_offset[:] = 0
+    batches = sim.batches(0)
+    for b in batches:
+        b.token = 4
+    batches[1].stats[sim.column("Cell.layer0."), 3] += 1e-3
+    [v] = ReplicaDetector().judge(view_of(batches, parse_cluster({"groups": "replicas"})), {})
+    # "Cell.layer0.Dense.forward.0...": call 0 of the step, whose first recorded token is 4
+    assert (v.rank, v.token, v.kind) == (1, 4, "forward")
+    assert v.to_dict()["token"] == 4
+
+
+def test_record_token_is_the_first_token_plus_the_call_index() -> None:
+    from rankscope.coordinator.logic.detectors.common import record_token
+
+    assert record_token(1, "Cell.layers.1.attn.qkv.Dense.forward.1.output.0") == 2
+    assert record_token(1, "Cell.tok_emb.Embedding.forward.0.input.0") == 1
+    assert record_token(3, "Cell.fc.Dense.backward.2.input.0") == 5
+    assert record_token(-1, "Cell.fc.Dense.forward.2.output.0") is None  # not inference capture
+    assert record_token(2, "Sentinel.loss") == 2

@@ -1,0 +1,39 @@
+"""``rankscope bench ingest`` end to end at a small size: separate sender processes, real
+sockets, a real coordinator actor; the injected divergence is found on the right rank
+and step, and the last line is the JSON the README quotes. No speed assertions here
+(the figures are printed by the bench itself)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import ray
+
+from rankscope.coordinator.cli import bench as bench_cli
+
+pytestmark = pytest.mark.ray
+
+
+@pytest.fixture(scope="module", autouse=True)
+def local_ray():
+    ray.init(num_cpus=2, include_dashboard=False, namespace="rankscope-bench", log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+def test_bench_ingest_flags_the_injected_rank_and_prints_json_last(capsys, tmp_path):
+    rc = bench_cli.main(["ingest", "--ranks", "6", "--tensors", "10", "--steps", "4", "--nodes", "2",
+                         "--fault-rank", "5", "--export-dir", str(tmp_path)])
+    lines = capsys.readouterr().out.strip().splitlines()
+    out = json.loads(lines[-1])
+    assert rc == 0 and out["correct"] is True
+    assert (out["flagged_rank"], out["flagged_step"], out["detector"]) == (5, 3, "nan_origin")
+    assert out["records"] == 6 * 10 * 4 and out["records_per_s"] > 0 and out["detect_latency_ms"] >= 0
+    assert out["rejected"] == {} and out["duplicates"] == 0
+    assert list((tmp_path / "incidents").glob("*/incident.json"))
+
+
+def test_bench_refuses_a_fault_rank_outside_the_job(capsys):
+    with pytest.raises(SystemExit):
+        bench_cli.main(["ingest", "--ranks", "4", "--fault-rank", "4"])
+    assert "--fault-rank 4 is not in [0, 4)" in capsys.readouterr().err
