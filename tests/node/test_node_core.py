@@ -1,0 +1,199 @@
+"""NodeCore, the node agent's decisions, driven with encoded frames and a scripted clock:
+no sockets, no processes (the daemon's loop is tested with real ones in test_node_agent)."""
+from __future__ import annotations
+
+import signal
+
+import numpy as np
+
+from rankscope.node.core import EXIT_GRACE_S, NodeCore
+from rankscope.node.liveness import ProcStat
+from rankscope.node.settings import AgentSettings
+from rankscope.wire import protocol
+from rankscope.wire.protocol import Message, encode
+from rankscope.wire.records import Kind, NameTable, StepBatchBuilder
+
+
+class World:
+    """A scripted clock and /proc: pids are alive until ``kill`` makes them zombies."""
+
+    def __init__(self) -> None:
+        self.t = 100.0
+        self.dead: dict[int, int] = {}  # pid -> raw wait status
+
+    def clock(self) -> float:
+        return self.t
+
+    def read(self, pid: int) -> ProcStat:
+        if pid in self.dead:
+            return ProcStat("Z", 7, self.dead[pid])
+        return ProcStat("S", 7, None)
+
+    def kill(self, pid: int, sig: int) -> None:
+        self.dead[pid] = sig  # waitpid status of a process killed by ``sig``
+
+
+def make(tmp_path, **kw):
+    world = World()
+    settings = AgentSettings(listen="ipc:///nowhere", coordinator="tcp://127.0.0.1:1", job="j",
+                             bundle_dir=tmp_path / "bundles", settle_s=0.3, heartbeat_timeout_s=5.0, **kw)
+    core = NodeCore(settings, "h", "agent:h:1", clock=world.clock, read_proc=world.read)
+    return core, world
+
+
+def register(core, ident: bytes, pid: int, claim: int | None, seq: int = 0, **extra) -> None:
+    body = {"host": "h", "pid": pid, "claimed_rank": claim, **extra}
+    core.on_rank_frame(ident, encode(Message(protocol.REGISTER, "j", f"rank:h:{pid}", seq, body)))
+
+
+def up_messages(out) -> list[Message]:
+    dec = protocol.Decoder()
+    return [dec.decode(f) for f, _ in out.up]
+
+
+def step_frame(pid: int, rank: int, step: int, seq: int, names: NameTable) -> bytes:
+    b = StepBatchBuilder(names)
+    b.add("Sentinel.loss", Kind.LOSS, (1.0, 1.0, 1.0, 1.0), numel=1)
+    return encode(protocol.step_message(b.build("j", rank, step), f"rank:h:{pid}", seq))
+
+
+def test_clashing_claims_wait_for_the_settle_window_then_get_distinct_ids(tmp_path):
+    core, world = make(tmp_path)
+    register(core, b"a", 11, 0, dp_index=1)
+    register(core, b"b", 12, 0, dp_index=0)
+    core.tick()
+    assert not core.take().to_ranks  # nobody answered inside the settle window
+    world.t += 0.31
+    core.tick()
+    out = core.take()
+    answers = {ident: protocol.Decoder().decode(f).body for ident, f in out.to_ranks}
+    # Ordered by what they report (dp_index), not by who registered first.
+    assert answers[b"b"]["assigned_rank"] == 0 and answers[b"a"]["assigned_rank"] == 1
+    assert answers[b"a"]["remapped"] and not answers[b"b"]["remapped"]
+    ups = up_messages(out)
+    regs = {m.body["pid"]: m.body["assigned_rank"] for m in ups if m.type == protocol.REGISTER}
+    assert regs == {12: 0, 11: 1}
+    assert any(m.type == protocol.RANK_MAP for m in ups)
+    assert (tmp_path / "bundles" / "j" / "rank_map.json").is_file()
+
+
+def test_steps_are_forwarded_byte_for_byte_and_kept_for_bundles(tmp_path):
+    core, world = make(tmp_path)
+    register(core, b"a", 11, 3, world_size=1)
+    core.tick()  # complete world: answered at once
+    core.take()
+    frame = step_frame(11, 3, 0, 1, NameTable())
+    core.on_rank_frame(b"a", frame)
+    out = core.take()
+    assert out.up == [(frame, ("j|rank:h:11", 1))]
+    entry = core.registry.by_identity(b"a")
+    assert entry.last_step == 0 and len(core.bundles.recorder(entry).steps()) == 1
+
+
+def test_a_killed_rank_is_lost_after_the_grace_with_its_signal_and_a_bundle(tmp_path):
+    core, world = make(tmp_path)
+    register(core, b"a", 11, 0, world_size=1)
+    core.tick()
+    names = NameTable()
+    for s in range(3):
+        core.on_rank_frame(b"a", step_frame(11, 0, s, s + 1, names))
+    core.take()
+    world.kill(11, signal.SIGKILL)
+    world.t += 0.25
+    core.tick()
+    assert not [m for m in up_messages(core.take()) if m.type == protocol.RANK_LOST]  # still in its grace
+    world.t += EXIT_GRACE_S
+    core.tick()
+    lost = [m for m in up_messages(core.take()) if m.type == protocol.RANK_LOST]
+    assert [(m.body["rank"], m.body["exit_status"], m.body["last_step"]) for m in lost] == [(0, -signal.SIGKILL, 2)]
+    bundle = tmp_path / "bundles" / "j" / "rank_0" / "rdr"
+    assert (bundle / "manifest.json").is_file() and (bundle / "rank_lost.json").is_file()
+
+
+def test_a_silent_rank_is_reported_unresponsive(tmp_path):
+    core, world = make(tmp_path)
+    register(core, b"a", 11, 0, world_size=1)
+    core.tick()
+    core.take()
+    world.t += 5.5
+    core.tick()
+    lost = [m for m in up_messages(core.take()) if m.type == protocol.RANK_LOST]
+    assert len(lost) == 1 and lost[0].body["reason"].startswith("unresponsive")
+
+
+def test_pause_reaches_live_ranks_and_a_late_joiner_hears_it_after_its_id(tmp_path):
+    core, world = make(tmp_path)
+    register(core, b"a", 11, 0, world_size=2)
+    world.t += 0.31
+    core.tick()
+    core.take()
+    pause = encode(Message(protocol.CONTROL, "j", "coordinator", 5, {"command": "pause", "incident": "i1"}))
+    core.on_coordinator_frame(pause)
+    assert core.take().to_ranks == [(b"a", pause)]
+    register(core, b"b", 12, 1, world_size=2)
+    core.tick()  # the world is complete now: answered without waiting
+    to_b = [protocol.Decoder().decode(f) for ident, f in core.take().to_ranks if ident == b"b"]
+    assert [m.type for m in to_b] == [protocol.REGISTERED, protocol.CONTROL]
+    assert to_b[1].body["command"] == "pause"
+
+
+def test_export_of_a_lost_rank_is_answered_from_the_agent_flight_recorder(tmp_path):
+    core, world = make(tmp_path)
+    register(core, b"a", 11, 0, world_size=1)
+    core.tick()
+    core.on_rank_frame(b"a", step_frame(11, 0, 0, 1, NameTable()))
+    world.kill(11, signal.SIGSEGV)
+    for _ in range(2):  # seen dead, then lost once its grace is over
+        world.t += EXIT_GRACE_S
+        core.tick()
+    assert core.registry.by_rank("j", 0)[0].exit_status == -signal.SIGSEGV
+    core.take()
+    export = encode(Message(protocol.CONTROL, "j", "coordinator", 6,
+                            {"command": "export", "incident": "i1", "args": {"transfer": "i1"}}))
+    core.on_coordinator_frame(export)
+    chunks = [m for m in up_messages(core.take()) if m.type == protocol.BUNDLE_CHUNK]
+    assert chunks and {m.body["rank"] for m in chunks} == {0}
+    assert all(m.body["on_behalf"] and m.body["transfer"] == "i1" for m in chunks)
+    assert any(m.body["path"].endswith("manifest.json") and m.body["final"] for m in chunks)
+
+
+def test_a_clean_goodbye_finishes_the_rank_and_an_uncaught_exception_loses_it(tmp_path):
+    core, world = make(tmp_path)
+    register(core, b"a", 11, 0, world_size=2)
+    register(core, b"b", 12, 1, world_size=2)
+    core.tick()
+    core.take()
+    bye = lambda pid, ok, seq: encode(Message(protocol.STATUS, "j", f"rank:h:{pid}", seq, {  # noqa: E731
+        "what": "bye", "detail": {"ok": ok, "error": "" if ok else "ValueError('boom')", "step": 4}}))
+    core.on_rank_frame(b"a", bye(11, True, 9))
+    core.on_rank_frame(b"b", bye(12, False, 9))
+    ups = up_messages(core.take())
+    finished = [m.body for m in ups if m.type == protocol.STATUS and m.body["what"] == "finished"]
+    lost = [m.body for m in ups if m.type == protocol.RANK_LOST]
+    assert [d["detail"]["rank"] for d in finished] == [0]
+    assert [(b["rank"], b["reason"]) for b in lost] == [(1, "raised: ValueError('boom')")]
+
+
+def test_after_a_reconnect_the_registrations_and_name_tables_are_owed_again(tmp_path):
+    core, world = make(tmp_path)
+    register(core, b"a", 11, 0, world_size=1)
+    core.tick()
+    names = NameTable()
+    first = step_frame(11, 0, 0, 1, names)
+    core.on_rank_frame(b"a", first)
+    later = step_frame(11, 0, 1, 2, names)
+    assert not protocol.Decoder().decode(later).body["new_names"]
+    core.take()
+    core.on_link_up()
+    assert [m.type for m in up_messages(core.take())] == [protocol.REGISTER, protocol.RANK_MAP]
+    assert core.names.owed
+    resent = protocol.Decoder().decode(core.names.attach(later))
+    assert resent.body["new_names"] == {0: "Sentinel.loss"}
+    assert np.array_equal(resent.body["cols"]["name_ids"], [0])
+
+
+def test_a_register_with_no_pid_is_refused_and_counted(tmp_path):
+    core, world = make(tmp_path)
+    register(core, b"a", 0, 0)
+    core.tick()
+    assert not core.take() and core.decoder.rejected["bad_register"] == 1

@@ -1,0 +1,149 @@
+"""The rooms' rules, checked on the source: one package name, no import circle, the
+coordinator never imports in-rank code, nothing on a training node imports Ray, and
+every module small enough to read in one sitting."""
+from __future__ import annotations
+
+import ast
+import tomllib
+from pathlib import Path
+
+import pytest
+from repo_paths import REPO
+
+#: Source folder -> installed package (pyproject's package-dir).
+ROOTS = {REPO / "agent": "rankscope", REPO / "coordinator": "rankscope.coordinator"}
+MAX_LINES = 400
+IN_RANK = ("rankscope.probe", "rankscope.client", "rankscope.dump")
+
+
+def _modules() -> dict[str, Path]:
+    out: dict[str, Path] = {}
+    for root, pkg in ROOTS.items():
+        for path in root.rglob("*.py"):
+            if "_attach" in path.parts:
+                continue  # a sitecustomize, not a module of the package
+            rel = path.relative_to(root).with_suffix("").parts
+            if rel[-1] == "__init__":
+                rel = rel[:-1]
+            out[".".join((pkg, *rel))] = path
+    return out
+
+
+MODULES = _modules()
+
+
+def _imports(path: Path, name: str) -> set[str]:
+    """Every rankscope module ``path`` imports, at module level or inside functions,
+    outside ``if TYPE_CHECKING:`` blocks."""
+    tree = ast.parse(path.read_text())
+    found: set[str] = set()
+    is_pkg = path.name == "__init__.py"
+
+    def visit(node: ast.AST) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+                continue
+            if isinstance(child, ast.Import):
+                found.update(a.name for a in child.names)
+            elif isinstance(child, ast.ImportFrom):
+                base = child.module or ""
+                if child.level:
+                    parts = name.split(".")[: len(name.split(".")) - child.level + (1 if is_pkg else 0)]
+                    base = ".".join(parts + ([base] if base else []))
+                found.add(base)
+                found.update(f"{base}.{a.name}" for a in child.names)
+            visit(child)
+
+    visit(tree)
+    return {m for m in found if m in MODULES}
+
+
+GRAPH = {name: _imports(path, name) for name, path in MODULES.items()}
+
+
+def test_pyproject_lists_every_package_folder():
+    doc = tomllib.loads((REPO / "pyproject.toml").read_text())
+    listed = set(doc["tool"]["setuptools"]["packages"])
+    on_disk = {name for name, path in MODULES.items() if path.name == "__init__.py"}
+    assert listed == on_disk, (sorted(listed - on_disk), sorted(on_disk - listed))
+    assert doc["tool"]["setuptools"]["package-dir"] == {"rankscope": "agent", "rankscope.coordinator": "coordinator"}
+
+
+def test_no_import_circle():
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def walk(m: str) -> list[str] | None:
+        state[m] = 1
+        stack.append(m)
+        for dep in sorted(GRAPH[m]):
+            if state.get(dep) == 1:
+                return stack[stack.index(dep):] + [dep]
+            if dep not in state:
+                cycle = walk(dep)
+                if cycle:
+                    return cycle
+        stack.pop()
+        state[m] = 2
+        return None
+
+    for m in sorted(GRAPH):
+        if m not in state:
+            cycle = walk(m)
+            assert cycle is None, " -> ".join(cycle)
+
+
+def test_the_coordinator_imports_no_in_rank_module():
+    bad = {(m, dep) for m, deps in GRAPH.items() if m.startswith("rankscope.coordinator")
+           for dep in deps if dep.startswith(IN_RANK)}
+    assert not bad, sorted(bad)
+
+
+@pytest.mark.parametrize("room", ["rankscope.wire", "rankscope.config", "rankscope.coordinator.logic"])
+def test_shared_and_pure_rooms_import_no_process_room(room):
+    # The wire and the config are spoken by every process; the coordinator's logic is pure.
+    allowed = ("rankscope.wire", "rankscope.config", "rankscope.coordinator.logic")
+    bad = {(m, dep) for m, deps in GRAPH.items() if m.startswith(room) for dep in deps
+           if dep != "rankscope" and not dep.startswith(allowed)}
+    assert not bad, sorted(bad)
+
+
+def _third_party(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out.update(a.name.split(".")[0] for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            out.add(node.module.split(".")[0])
+    return out
+
+
+def test_nothing_on_a_training_node_imports_ray():
+    bad = [m for m, p in MODULES.items() if not m.startswith("rankscope.coordinator") and "ray" in _third_party(p)]
+    assert not bad, bad
+
+
+def test_the_coordinator_logic_imports_neither_ray_nor_sockets():
+    bad = [m for m, p in MODULES.items() if m.startswith("rankscope.coordinator.logic")
+           and _third_party(p) & {"ray", "zmq"}]
+    assert not bad, bad
+
+
+def test_no_module_is_too_long_to_read_in_one_sitting():
+    long = {m: n for m, p in MODULES.items() if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert not long, long
+
+
+def test_installed_name_is_rankscope_only(tmp_path):
+    # A user's own agent.py must not shadow us: nothing generic is importable as ours.
+    import importlib.util
+    import subprocess
+    import sys
+    (tmp_path / "agent.py").write_text("raise SystemExit('the user agent.py was imported')\n")
+    (tmp_path / "coordinator.py").write_text("raise SystemExit('the user coordinator.py was imported')\n")
+    out = subprocess.run([sys.executable, "-c", "from rankscope import PrecisionDebugger, seed_all, MsprobeStep;"
+                          "import rankscope.coordinator.logic.core; print('ok')"],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
+    assert importlib.util.find_spec("rankscope") is not None
