@@ -4,10 +4,10 @@ every module small enough to read in one sitting."""
 from __future__ import annotations
 
 import ast
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 from repo_paths import REPO
 
 #: Source folder -> installed package (pyproject's package-dir).

@@ -29,6 +29,7 @@ from rankscope.client.claim import RankClaim
 from rankscope.client.io_thread import ClientIO
 from rankscope.client.state import ClientState
 from rankscope.probe.gate import RankscopeTerminated, StepGate
+from rankscope.probe.sync_tracker import SyncTracker
 from rankscope.wire import protocol
 from rankscope.wire.records import StepOutput
 from rankscope.wire.transport import CurveKeys, connect_watched_dealer
@@ -43,7 +44,7 @@ class AgentClient:
     def __init__(self, endpoint: str, job: str, gate: StepGate, *, queue_max: int = 256,
                  heartbeat_s: float = 1.0, curve: CurveKeys | None = None,
                  on_export: Callable[[str | None], Iterable[Path]] | None = None,
-                 dump_path: str | None = None) -> None:
+                 dump_path: str | None = None, sync: SyncTracker | None = None) -> None:
         if queue_max < 1:
             raise ValueError(f"queue_max must be >= 1, got {queue_max}")
         self.endpoint = endpoint
@@ -51,7 +52,7 @@ class AgentClient:
         src = f"rank:{socket.gethostname()}:{os.getpid()}"
         self.state = ClientState(job=job, src=src, gate=gate, queue_max=queue_max, heartbeat_s=heartbeat_s,
                                  on_export=on_export,
-                                 dump_path=dump_path or os.environ.get("RANKSCOPE_DUMP_PATH"))
+                                 dump_path=dump_path or os.environ.get("RANKSCOPE_DUMP_PATH"), sync=sync)
         self._identity = f"{src}:{uuid.uuid4().hex[:8]}".encode()
         self._thread = threading.Thread(target=self._run, name="rankscope-agent-client", daemon=True)
         self._thread.start()

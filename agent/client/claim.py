@@ -16,6 +16,8 @@ class RankClaim:
     device_id: int | None = None
     local_rank: int | None = None
     label: str = ""
+    #: Where this rank writes every thread's stack on SIGUSR2 (empty: it does not).
+    stacks_file: str = ""
 
     @classmethod
     def here(cls, claimed_rank: int | None, **fields) -> "RankClaim":

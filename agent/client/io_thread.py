@@ -20,6 +20,9 @@ from rankscope.wire import protocol
 from rankscope.wire.layout import dump_label, rank_to_wire
 from rankscope.wire.protocol import Message, encode
 
+#: Shortest gap between two heartbeats sent because the rank's sync point moved.
+SYNC_BEAT_S = 0.2
+
 
 class ClientIO:
     """The I/O thread's half of the client (owns the socket; no locks needed here)."""
@@ -32,6 +35,8 @@ class ClientIO:
         self.next_beat = 0.0
         self.last_gate: tuple | None = None
         self.pending_out: tuple[str, dict] | None = None
+        self.last_beat = 0.0
+        self.sync_seen = -1
         self.decoder = protocol.Decoder(job=None)
 
     def send(self, mtype: str, body: dict) -> bool:
@@ -162,10 +167,20 @@ class ClientIO:
                 self.send(protocol.STATUS, {"what": what, "detail": {"rank": c.rank, "step": step}})
             self.last_gate = snapshot
             self.next_beat = 0.0
+        tracker = c.sync
+        if tracker is not None and tracker.changes != self.sync_seen and now - self.last_beat >= SYNC_BEAT_S:
+            # A collective entered or left: say so soon (a hang is judged from it), but
+            # never more often than every SYNC_BEAT_S (a fast loop makes many a second).
+            self.next_beat = 0.0
         if now < self.next_beat:
             return
         self.next_beat = now + c.heartbeat_s
-        rank = c.rank
-        self.send(protocol.HEARTBEAT, {"rank": rank_to_wire(rank), "step": step,
-                                       "state": state, "pid": c.pid})
+        self.last_beat = now
+        body = {"rank": rank_to_wire(c.rank), "step": step, "state": state, "pid": c.pid}
+        if tracker is not None:
+            self.sync_seen = tracker.changes
+            latest = tracker.latest
+            if latest is not None:
+                body["sync"] = latest.to_wire()
+        self.send(protocol.HEARTBEAT, body)
 

@@ -16,6 +16,7 @@ from typing import Callable, Iterable
 
 from rankscope.client.claim import RankClaim
 from rankscope.probe.gate import StepGate
+from rankscope.probe.sync_tracker import SyncTracker
 
 
 @dataclass
@@ -47,6 +48,8 @@ class ClientState:
     connected: threading.Event = field(default_factory=threading.Event)
     closing: threading.Event = field(default_factory=threading.Event)
     bye: dict = field(default_factory=lambda: {"ok": True, "error": ""})
+    #: The training thread's collective positions, reported with every heartbeat.
+    sync: SyncTracker | None = None
 
     @property
     def rank(self) -> int | None:

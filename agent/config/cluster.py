@@ -65,6 +65,15 @@ class ClusterSettings:
     max_pending_steps: int = 64
     pause_timeout_s: float = 30.0
     export_timeout_s: float = 120.0
+    #: A collective that live ranks have waited in this long, while a peer never entered
+    #: it, is a hang (the peer is named). Collectives that time out sooner (MindSpore's CPU
+    #: collectives: 30 s) end in deaths, which are judged without waiting for this.
+    hang_timeout_s: float = 120.0
+    #: Deaths arriving within this long of the first are judged together (earliest first).
+    failure_settle_s: float = 0.5
+    #: Deaths this long after the first failure of a group are its followers (the
+    #: launcher's teardown), not new findings.
+    teardown_window_s: float = 10.0
     detectors: DetectorSettings = field(default_factory=DetectorSettings)
     watchpoints: tuple[WatchpointRule, ...] = ()
     #: The section as written (validated): what a process hands on to another.
@@ -101,7 +110,8 @@ def parse_cluster(section: Mapping[str, Any] | None) -> ClusterSettings:
             kw[key] = OnDivergence(choice(fld, val, [p.value for p in OnDivergence]))
         elif key == "on_terminate":
             kw[key] = choice(fld, val, ON_TERMINATE)
-        elif key in ("deadline_s", "pause_timeout_s", "export_timeout_s"):
+        elif key in ("deadline_s", "pause_timeout_s", "export_timeout_s", "hang_timeout_s", "failure_settle_s",
+                     "teardown_window_s"):
             kw[key] = positive_float(fld, val)
         elif key in ("flight_recorder_steps", "max_pending_steps"):
             kw[key] = positive_int(fld, val)

@@ -9,6 +9,7 @@ paths relative to ``rank_<id>/`` so they land in ``incidents/<id>/rank_<r>/rdr/`
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 from typing import Iterator
 
@@ -58,7 +59,8 @@ class RankBundles:
         try:
             what = "rank_finished" if entry.state.value == "finished" else "rank_lost"
             ended["state"] = entry.state.value
-            path = write_bundle(self.root / safe_id(entry.job), rank, reason=reason, steps=rec,
+            texts = {"thread_stacks.txt": stacks} if (stacks := _captured_stacks(entry)) else None
+            path = write_bundle(self.root / safe_id(entry.job), rank, reason=reason, steps=rec, texts=texts,
                                 on_behalf=True, extra={what: ended, "rank_map": rank_map})
         except Exception:  # never let one bundle take the agent down
             log.exception("could not write the bundle of rank %s (pid %d) on its behalf", rank, entry.pid)
@@ -88,3 +90,20 @@ class RankBundles:
         self._finished.append(key)
         while len(self._finished) > keep:
             self._recorders.pop(self._finished.pop(0), None)
+
+
+def _captured_stacks(entry: RankEntry) -> str:
+    """What the rank's SIGUSR2 handler wrote (every thread's stack), if it ever ran."""
+    path = entry.extra.get("stacks_file")
+    if not path:
+        return ""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            text = fh.read(1 << 20)
+    except OSError:
+        return ""
+    if not text.strip():
+        return ""
+    at = entry.extra.get("stacks_at")
+    when = f" at {time.strftime('%Y-%m-%dT%H:%M:%S', time.gmtime(at))}Z" if at else ""
+    return f"# every thread's stack, written by the rank on SIGUSR2{when} (most recent call first)\n{text}"

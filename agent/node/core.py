@@ -14,16 +14,19 @@ RANK_LOST, RANK_MAP and STATUS messages.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Callable
 
 from rankscope.node.bundles import RankBundles
-from rankscope.node.liveness import LivenessMonitor, ProcStat, read_stat
+from rankscope.node.exports import RecentExports
+from rankscope.node.liveness import LivenessMonitor, Lost, ProcStat, read_stat
 from rankscope.node.name_ledger import NameLedger
 from rankscope.node.registry import ProcessState, RankEntry, RankRegistry
 from rankscope.node.relay import ControlRelay
 from rankscope.node.settings import AgentSettings
+from rankscope.node.stacks import StackRequests
 from rankscope.wire import protocol
 from rankscope.wire.layout import rank_to_wire, safe_id
 from rankscope.wire.protocol import Message, encode
@@ -31,8 +34,12 @@ from rankscope.wire.rank_map import write_rank_map
 
 log = logging.getLogger(__name__)
 
-#: How long a rank whose process is gone may still deliver what it sent before dying.
-EXIT_GRACE_S = 1.0
+#: How long a rank whose process is gone may still deliver what it sent before dying
+#: (what it sent is already in our socket; one more turn of the loop reads it).
+EXIT_GRACE_S = 0.3
+#: A rank that said goodbye but whose process has not ended after this long is judged
+#: by its goodbye alone.
+BYE_WAIT_S = 5.0
 LIVENESS_EVERY_S = 0.2
 STATUS_EVERY_S = 2.0
 
@@ -57,12 +64,15 @@ class Outbox:
 class NodeCore:
     def __init__(self, settings: AgentSettings, host: str, src: str, *,
                  clock: Callable[[], float] = time.monotonic, seq_start: int = 0,
-                 read_proc: Callable[[int], ProcStat | None] = read_stat) -> None:
+                 read_proc: Callable[[int], ProcStat | None] = read_stat,
+                 wall_clock: Callable[[], float] = time.time,
+                 send_signal: Callable[[int, int], None] = os.kill) -> None:
         self.s = settings
         self.host, self.src = host, src
-        self.clock = clock
+        self.clock, self.wall = clock, wall_clock
         self._seq = protocol.SeqCounter(start=seq_start)
         self.registry = RankRegistry(settle_s=settings.settle_s, clock=clock)
+        self.stacks = StackRequests(self.registry, host, clock, wall_clock, send_signal)
         self.liveness = LivenessMonitor(host, settings.heartbeat_timeout_s, read_proc)
         self.bundles = RankBundles(settings.bundle_dir, settings.flight_recorder_steps)
         self.relay = ControlRelay()
@@ -71,8 +81,10 @@ class NodeCore:
         self._updecoder = protocol.Decoder(job=None)
         self.forwarded = 0
         self.out = Outbox()
-        self._dying: dict[int, tuple[float, object]] = {}  # id(entry) -> (first seen dead, Lost)
+        # id(entry) -> (first seen dead, Lost, wall time of the death)
+        self._dying: dict[int, tuple[float, Lost, float]] = {}
         self._next_liveness = 0.0
+        self.exports = RecentExports(self.clock)
         self._next_status = 0.0
 
     def take(self) -> Outbox:
@@ -123,6 +135,8 @@ class NodeCore:
             if entry is not None:
                 entry.extra["src"] = key[0]
                 entry.extra["state"] = msg.body["state"]
+                if msg.body.get("sync") is not None:
+                    entry.extra["sync"] = msg.body["sync"]
                 if self.liveness.heartbeat(entry, self.clock()):
                     self._up_own(protocol.STATUS, entry.job, {"what": "rank_back", "detail": {
                         "rank": entry.assigned_rank, "pid": entry.pid}})
@@ -132,6 +146,8 @@ class NodeCore:
         elif msg.type == protocol.STATUS:
             self._on_rank_status(entry, frame, msg, key)
         elif msg.type == protocol.BUNDLE_CHUNK:
+            if entry is not None:
+                entry.extra.setdefault("exported", set()).add(msg.body["transfer"])
             self.out.up.append((frame, key))
         else:
             self.decoder.rejected[f"unexpected_{msg.type}"] += 1
@@ -153,18 +169,14 @@ class NodeCore:
         what = msg.body["what"]
         if entry is not None and what == "bye":
             detail = msg.body.get("detail") or {}
-            self.liveness.forget(entry)
-            self.names.retire(key[0])
+            entry.extra["bye"] = (self.clock(), self.wall())
+            self.liveness.forget(entry)  # no heartbeats after a goodbye; only its exit counts
             if detail.get("ok", True) is False:
-                # Ended by an uncaught exception: lost to the job, with what it said.
-                error = str(detail.get("error") or "uncaught exception")[:300]
-                self._lose(entry, None, f"raised: {error}")
-                return
-            self.registry.finish(entry)
-            self.bundles.retire(entry)
-            self._up_own(protocol.STATUS, entry.job, {"what": "finished", "detail": {
-                "rank": entry.assigned_rank, "step": entry.last_step, "pid": entry.pid}})
-            self.publish_map(entry.job)
+                entry.extra["exception"] = str(detail.get("error") or "uncaught exception")[:300]
+            if entry.host != self.host:
+                self._end(entry, None)  # no process to watch: the goodbye is all we get
+            # A local process is judged when it has ended: its exit status can still say
+            # it failed (sys.exit(1) after a clean goodbye).
         elif entry is not None and what == "export_none":
             # The rank has no bundle of its own: send what this agent saw of it.
             detail = msg.body.get("detail") or {}
@@ -175,6 +187,28 @@ class NodeCore:
             if entry is not None and what == "terminated":
                 entry.extra["state"] = "terminated"  # its exit that follows is not a loss
             self.out.up.append((frame, key))
+
+    def _end(self, e: RankEntry, exit_status: int | None, died_at: float | None = None) -> None:
+        """The rank's process is over (or, remote, said goodbye): finished or lost?"""
+        self.liveness.forget(e)
+        self.names.retire(e.extra.get("src", ""))
+        exception = e.extra.get("exception")
+        bye = e.extra.get("bye")
+        died_at = died_at if died_at is not None else (bye[1] if bye else self.wall())
+        if exception:
+            # Ended by an uncaught exception: lost to the job, with what it said.
+            e.exit_status = exit_status
+            self._lose(e, exit_status, f"raised: {exception}", died_at)
+        elif e.extra.get("state") == "terminated" or (bye and exit_status in (0, None)) or exit_status == 0:
+            # A clean end, or the exit the coordinator asked for (on_terminate=exit).
+            e.exit_status = exit_status
+            self.registry.finish(e)
+            self.bundles.retire(e)
+            self._up_own(protocol.STATUS, e.job, {"what": "finished", "detail": {
+                "rank": e.assigned_rank, "step": e.last_step, "pid": e.pid}})
+            self.publish_map(e.job)
+        else:
+            self._lose(e, exit_status, "exited", died_at)
 
     def _answer(self, entry: RankEntry, forward: bool = True) -> None:
         body = {"assigned_rank": entry.assigned_rank, "claimed_rank": entry.claimed_rank,
@@ -216,6 +250,23 @@ class NodeCore:
             self._next_status = now + STATUS_EVERY_S
             self._status(link_stats)
 
+    def on_pid_exit(self, pid: int) -> None:
+        """The kernel says a local process ended (pidfd): start its grace at once."""
+        now = self.clock()
+        for e in self.registry.live():
+            if e.pid == pid and e.host == self.host:
+                dead, status = self.liveness.dead(pid)
+                if dead:
+                    self._seen_dead(e, Lost(e, status, "exited"), now)
+
+    def _seen_dead(self, e: RankEntry, lost: Lost, now: float) -> None:
+        if id(e) in self._dying:
+            return
+        self._dying[id(e)] = (now, lost, self.wall())
+        if e.extra.get("state") != "terminated" and lost.exit_status != 0:
+            # The launcher is about to take the others down: ask them where they are now.
+            self.stacks.ask(e.job, why=f"rank {e.assigned_rank} ended", exclude=e.pid)
+
     def _check_liveness(self, now: float, ranks_drained: bool) -> None:
         for lost in self.liveness.check(self.registry.live(), now):
             e = lost.entry
@@ -223,41 +274,52 @@ class NodeCore:
                 # Its last steps and its goodbye may still be queued in our socket: first
                 # sight only starts a grace period (keeping the exit status read now,
                 # while the kernel still shows it).
-                self._dying.setdefault(id(e), (now, lost))
+                self._seen_dead(e, lost, now)
             else:
-                self._report_lost(e, None, f"unresponsive: no heartbeat for {self.s.heartbeat_timeout_s:g}s")
-        for key, (since, lost) in list(self._dying.items()):
+                seen = self.liveness.last_seen(e)
+                silent_since = self.wall() - (now - seen) if seen is not None else self.wall()
+                self._report_lost(e, None, f"unresponsive: no heartbeat for {self.s.heartbeat_timeout_s:g}s",
+                                  silent_since)
+        for key, (since, lost, died_at) in list(self._dying.items()):
             e = lost.entry
             if e.state is not ProcessState.LIVE:
-                del self._dying[key]  # it said goodbye after all
+                del self._dying[key]
             elif now - since >= EXIT_GRACE_S and ranks_drained:
                 del self._dying[key]
-                self.liveness.forget(e)
-                self.names.retire(e.extra.get("src", ""))
-                if e.extra.get("state") == "terminated":
-                    # The coordinator terminated it and it exited (on_terminate=exit): done.
-                    e.exit_status = lost.exit_status
-                    self.registry.finish(e)
-                    self.bundles.retire(e)
-                    self.publish_map(e.job)
-                else:
-                    self._lose(e, lost.exit_status, "exited")
+                self._end(e, lost.exit_status, died_at)
+        for e in self.registry.live():
+            bye = e.extra.get("bye")
+            if bye and id(e) not in self._dying and now - bye[0] >= BYE_WAIT_S:
+                self._end(e, None)  # said goodbye, still there: take its word
 
-    def _lose(self, e: RankEntry, exit_status: int | None, reason: str) -> None:
+    def _lose(self, e: RankEntry, exit_status: int | None, reason: str, died_at: float | None = None) -> None:
         """The rank is gone: mark it, write its bundle from what this agent saw, tell the coordinator."""
         self.registry.lose(e, exit_status, reason)
         status = "unknown" if exit_status is None else str(exit_status)
-        self.bundles.write_on_behalf(e, f"rank lost ({reason}, exit status {status}); written by the node "
-                                        f"agent from its flight recorder", self.registry.rank_map(e.job))
-        self._report_lost(e, exit_status, reason)
+        why = f"rank lost ({reason}, exit status {status}); written by the node agent from its flight recorder"
+        self.bundles.write_on_behalf(e, why, self.registry.rank_map(e.job))
+        self._report_lost(e, exit_status, reason, died_at)
+        # An export it was asked for just before it died went unanswered: answer it now.
+        for transfer in self.exports.owed(e.job):
+            if transfer not in e.extra.get("exported", ()):
+                self._export_on_behalf(e, transfer, why)
 
-    def _report_lost(self, e: RankEntry, exit_status: int | None, reason: str) -> None:
+    def _report_lost(self, e: RankEntry, exit_status: int | None, reason: str, died_at: float | None = None) -> None:
         log.warning("job %s rank %s (pid %d) lost: %s, last step %d, exit status %s",
                     e.job, e.assigned_rank, e.pid, reason, e.last_step, exit_status)
-        self._up_own(protocol.RANK_LOST, e.job, {
-            "rank": rank_to_wire(e.assigned_rank), "pid": e.pid,
-            "last_step": e.last_step, "exit_status": exit_status, "reason": reason})
+        body = {"rank": rank_to_wire(e.assigned_rank), "pid": e.pid, "last_step": e.last_step,
+                "exit_status": exit_status, "reason": reason,
+                "died_at": self.wall() if died_at is None else died_at,
+                "signal": -exit_status if exit_status is not None and exit_status < 0 else None,
+                "sync": e.extra.get("sync")}
+        if e.extra.get("exception"):
+            body["exception"] = e.extra["exception"]
+        self._up_own(protocol.RANK_LOST, e.job, body)
         self.publish_map(e.job)
+
+    def watched_pids(self) -> set[int]:
+        """Local processes whose end the loop should be told about at once."""
+        return {e.pid for e in self.registry.live() if e.host == self.host}
 
     def _status(self, link_stats: dict | None) -> None:
         if link_stats is None:
@@ -274,18 +336,31 @@ class NodeCore:
             return
         if msg.type == protocol.CONTROL:
             self._on_control(frame, msg)
+        elif msg.type == protocol.STATUS and msg.body["what"] == "clock":
+            # The coordinator measures this host's clock offset: answer with our time now.
+            detail = dict(msg.body.get("detail") or {})
+            detail["t2"] = self.wall()
+            self.out.up_volatile.append(self._msg(protocol.STATUS, msg.job, {"what": "clock", "detail": detail}))
         elif msg.type == protocol.STATUS and msg.body["what"] == "ack":
             high = (msg.body.get("detail") or {}).get("high")
             if isinstance(high, dict):
                 self.out.acks.append(high)
 
     def _on_control(self, frame: bytes, msg: Message) -> None:
+        if msg.body["command"] == "stacks":
+            args = msg.body.get("args") or {}
+            ranks = args.get("ranks") if isinstance(args.get("ranks"), list) else None
+            for job in ({msg.job} if msg.job else {e.job for e in self.registry.live()}):
+                self.stacks.ask(job, ranks, why="the coordinator asked")
+            return
         self.relay.remember(msg, frame)
         for entry in self.relay.targets(self.registry, msg):
             self._to_rank(entry, frame)
         if msg.body["command"] == "export":
             args = msg.body.get("args") or {}
             transfer = str(args.get("transfer") or msg.body.get("incident") or "export")
+            for job in ({msg.job} if msg.job else {e.job for e in self.registry.entries()}):
+                self.exports.asked(job, transfer)
             for entry in self.relay.gone(self.registry, msg):
                 why = "rank lost before the export" if entry.state is ProcessState.LOST else \
                     "rank had finished before the export"

@@ -16,6 +16,7 @@ import time
 import zmq
 
 from rankscope.node.core import NodeCore, Outbox
+from rankscope.node.pidfd import PidWatch
 from rankscope.node.settings import AgentSettings
 from rankscope.node.spool import SpoolLog
 from rankscope.node.uplink import Uplink
@@ -46,6 +47,7 @@ class NodeAgent:
                                  curve=settings.coordinator_curve, replay_window_s=settings.replay_window_s)
         self._stop = threading.Event()
         self._ranks_drained = True  # the last drain emptied the rank socket
+        self.pidfds = PidWatch()
 
     # The daemon's collaborators, for callers that inspect a running agent.
     @property
@@ -69,8 +71,11 @@ class NodeAgent:
             while not self._stop.is_set():
                 # A backlog (replay after a reconnect) is pumped without waiting for input.
                 busy = self.uplink is not None and self.uplink.connected and self.uplink.backlog
-                poller.poll(5 if busy else 50)
+                self.pidfds.sync(poller, self.core.watched_pids())
+                events = dict(poller.poll(5 if busy else 50))
                 self._drain_ranks()
+                for pid in self.pidfds.ended(events):
+                    self.core.on_pid_exit(pid)
                 if self.uplink is not None:
                     self._drain_uplink()
                     for up in self.uplink.poll_link():
@@ -109,6 +114,7 @@ class NodeAgent:
                         "when an agent starts on it again", self.s.spool_dir)
 
     def close(self) -> None:
+        self.pidfds.close()
         if self.uplink is not None:
             self.uplink.close()
             self.uplink = None

@@ -111,6 +111,13 @@ class LivenessMonitor:
                 lost.append(Lost(e, None, "unresponsive"))
         return lost
 
+    def last_seen(self, entry: RankEntry) -> float | None:
+        return self._seen.get(id(entry))
+
+    def dead(self, pid: int) -> tuple[bool, int | None]:
+        """(gone, exit status when the kernel still shows it) for a local pid."""
+        return self._dead(pid)
+
     def _dead(self, pid: int) -> tuple[bool, int | None]:
         st = self._read(pid)
         if st is None:

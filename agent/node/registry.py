@@ -113,6 +113,8 @@ class RankRegistry:
                           **{k: info[k] for k in _INFO_FIELDS if info.get(k) is not None})
         if isinstance(info.get("versions"), dict):
             entry.extra["versions"] = info["versions"]
+        if isinstance(info.get("stacks_file"), str) and info["stacks_file"]:
+            entry.extra["stacks_file"] = info["stacks_file"]
         self._entries[key] = entry
         self._by_identity[identity] = entry
         self._pending_since.setdefault(job, entry.registered_at)

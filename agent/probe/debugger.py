@@ -23,6 +23,7 @@ from rankscope.probe.hooks.cell import CellHooks
 from rankscope.probe.hooks.recorder import Recorder
 from rankscope.probe.identity import resolve_rank
 from rankscope.probe.sentinels import Sentinels
+from rankscope.probe.sync_tracker import SyncTracker
 from rankscope.probe.token_range import TokenCounter, TokenRangeHooks, check_token_range
 from rankscope.wire.layout import dump_label, rank_to_wire
 from rankscope.wire.records import Kind, StepOutput
@@ -54,6 +55,8 @@ class PrecisionDebugger:
         self.cells = CellHooks(self.recorder)
         self.apis = ApiHooks(self.recorder)
         self.sentinels = Sentinels(self.recorder)
+        self.sync = SyncTracker()
+        self.sentinels.sync = self.sync
         self.recorder.params_now = lambda: not any(True for _ in self.sentinels.optimizers)
         self.recorder.device_side = _device_side()
         self.recorder.on_step_start = self.sentinels.snapshot
@@ -74,6 +77,8 @@ class PrecisionDebugger:
             handover = take_over(self)
             if handover:
                 self.client, self.rank, self._label = handover
+                if self.client is not None:
+                    self.client.state.sync = self.sync
                 self._identified = self.client is not None
                 if self.client is not None:
                     self.sinks.append(self.client)
@@ -129,6 +134,7 @@ class PrecisionDebugger:
         self.cells.new_step()
         self.apis.new_step()
         self.sentinels.new_step()
+        self.sync.new_step(self.current_step)
         self._update_dumping()
         self.gate.at_step_boundary(done)
 
@@ -201,6 +207,9 @@ class PrecisionDebugger:
                 release_rank_label(self.config.dump_path, self._label)
             except OSError:
                 pass
+        if self.client is not None:
+            from rankscope.probe import stack_signal
+            stack_signal.uninstall()
         if PrecisionDebugger.current is self:
             PrecisionDebugger.current = None
 
@@ -288,14 +297,17 @@ class PrecisionDebugger:
 
     def _connect(self, endpoint: str) -> None:
         try:
-            from rankscope.client.agent_client import AgentClient, RankClaim
+            from rankscope.client.agent_client import AgentClient
+            from rankscope.client.claim import RankClaim
         except ImportError:
             return  # the node-agent client is not part of this build
-        client = AgentClient(endpoint, self.job, self.gate, on_export=self._on_export)
+        from rankscope.probe import stack_signal
+        client = AgentClient(endpoint, self.job, self.gate, on_export=self._on_export, sync=self.sync)
         claim = RankClaim(host=socket.gethostname(), pid=os.getpid(), claimed_rank=self.rank,
                           world_size=_env_int("RANK_SIZE") or _env_int("WORLD_SIZE") or _world_size(),
                           dp_index=self.config.cluster.dp_index, device_id=_env_int("DEVICE_ID"),
-                          local_rank=_env_int("LOCAL_RANK"), label=self._label)
+                          local_rank=_env_int("LOCAL_RANK"), label=self._label,
+                          stacks_file=stack_signal.install(self.job) or "")
         # 5 s, not 2: on a loaded node the agent's answer can take seconds, and a late
         # answer is still picked up at the next step end (see _flush).
         assigned = client.register(claim, timeout=5.0)

@@ -24,12 +24,15 @@ import weakref
 from typing import Any, Callable
 
 from rankscope.probe.hooks.recorder import Recorder
+from rankscope.probe.sync_tracker import SyncTracker
 from rankscope.wire.records import Kind
 
 
 class Sentinels:
     def __init__(self, rec: Recorder, on_optimizer_done: Callable[[], None] | None = None) -> None:
         self.rec = rec
+        #: Told when the gradient reducer's collective is entered and left.
+        self.sync: SyncTracker | None = None
         self.enabled = False
         #: False (cluster.sentinels off): the hooks stay, only to read queued tensors
         #: before the optimizer changes parameters in place; nothing is recorded.
@@ -140,6 +143,7 @@ class Sentinels:
         if reducer in self._hooked:
             return
         self._hooked.add(reducer)
+        self._handles.append(reducer.register_forward_pre_hook(self._reducer_pre_hook))
         self._handles.append(reducer.register_forward_hook(self._reducer_hook))
 
     def record_loss(self, loss: Any) -> None:
@@ -183,7 +187,14 @@ class Sentinels:
                 self.rec.error("step end after optimizer", exc)
         return None
 
+    def _reducer_pre_hook(self, reducer: Any, args: tuple) -> None:
+        if self.enabled and self.sync is not None:
+            self.sync.enter("AllReduce")
+        return None
+
     def _reducer_hook(self, reducer: Any, args: tuple, output: Any) -> None:
+        if self.enabled and self.sync is not None:
+            self.sync.leave("AllReduce")
         if not self.enabled or not self.record:
             return None
         try:

@@ -144,7 +144,8 @@ def write_bundle(root: str | os.PathLike, rank_label_or_id: int | str, *, reason
                  steps: FlightRecorder | Iterable[Step] | None = (), exception: BaseException | str | None = None,
                  config: Any = None, seeds: Mapping | None = None, extra: Mapping[str, Any] | None = None,
                  on_behalf: bool = False, names: Mapping[int, str] | None = None,
-                 directory: str | os.PathLike | None = None, env: Mapping[str, str] | None = None) -> Path:
+                 directory: str | os.PathLike | None = None, env: Mapping[str, str] | None = None,
+                 texts: Mapping[str, str] | None = None) -> Path:
     """Write a bundle and return its directory; see the module docstring for the layout.
 
     ``steps``: a FlightRecorder (its name table is used) or StepOutputs/StepBatches with
@@ -152,7 +153,8 @@ def write_bundle(root: str | os.PathLike, rank_label_or_id: int | str, *, reason
     ``<key>.json`` (e.g. ``{"rank_lost": {...}, "rank_map": [...]}``). ``on_behalf``: the
     node agent writing for a dead rank, so this process's stacks, environment and memory
     are not the rank's and are left out. ``directory``: a directory already reserved with
-    :func:`reserve_bundle_dir`. Raises RdrWriteError only if not even the manifest could
+    :func:`reserve_bundle_dir`. ``texts``: more text files by name (an on-behalf bundle's
+    stacks captured from the rank). Raises RdrWriteError only if not even the manifest could
     be written; otherwise check ``manifest.json``'s ``complete``.
     """
     d = Path(directory) if directory is not None else reserve_bundle_dir(root, rank_label_or_id)
@@ -166,6 +168,9 @@ def write_bundle(root: str | os.PathLike, rank_label_or_id: int | str, *, reason
 
     _write_contents(w, reason=reason, steps=steps, exception=exception, config=config, seeds=seeds,
                     extra=extra, on_behalf=on_behalf, names=names, env=env)
+    for name, text in (texts or {}).items():
+        if _SAFE_NAME.fullmatch(name) and name != MANIFEST:
+            w.put(name, text)
     _adopt_existing(w)
     try:
         atomic_write(d / MANIFEST, w.manifest(meta, complete=not w.errors))

@@ -26,6 +26,7 @@ import msgpack
 import numpy as np
 
 from rankscope.wire.records import Kind, StepBatch
+from rankscope.wire.sync import SyncPoint
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +47,7 @@ BUNDLE_CHUNK = "bundle_chunk"  # rank/agent -> coordinator
 CONTROL = "control"  # coordinator -> agent -> rank
 STATUS = "status"  # any -> any, free-form small report (e.g. control acknowledged)
 
-CONTROL_COMMANDS = frozenset({"pause", "resume", "step", "terminate", "export", "collect"})
+CONTROL_COMMANDS = frozenset({"pause", "resume", "step", "terminate", "export", "collect", "stacks"})
 
 _NUMERIC_KINDS = frozenset("biuf")  # bool, signed, unsigned, float; never object/str/void
 _INT = (int,)
@@ -59,7 +60,7 @@ SCHEMAS: dict[str, _Schema] = {
         "host": ((str,), True), "pid": (_INT, True), "claimed_rank": ((int, type(None)), True),
         "world_size": ((int, type(None)), False), "dp_index": ((int, type(None)), False),
         "device_id": ((int, type(None)), False), "local_rank": ((int, type(None)), False),
-        "versions": ((dict,), False), "label": ((str,), False),
+        "versions": ((dict,), False), "label": ((str,), False), "stacks_file": ((str,), False),
         # Set by the node agent when it forwards a registration: the id after remapping.
         "assigned_rank": ((int, type(None)), False),
     },
@@ -70,9 +71,14 @@ SCHEMAS: dict[str, _Schema] = {
         "wall_time": (_NUM, False), "new_names": ((dict,), True), "cols": ((dict,), True),
     },
     HEARTBEAT: {"rank": (_INT, True), "step": (_INT, True), "state": ((str,), True),
-                "pid": (_INT, False)},
+                "pid": (_INT, False), "sync": ((dict, type(None)), False)},
+    # died_at: the agent's wall clock when it saw the death; signal: the fatal signal when
+    # the process was killed by one; exception: what the rank said it died of; sync: its
+    # last sync point (wire.sync) as the agent heard it.
     RANK_LOST: {"rank": (_INT, True), "pid": (_INT, True), "last_step": (_INT, True),
-                "exit_status": ((int, type(None)), True), "reason": ((str,), True)},
+                "exit_status": ((int, type(None)), True), "reason": ((str,), True),
+                "died_at": (_NUM, False), "signal": ((int, type(None)), False),
+                "exception": ((str,), False), "sync": ((dict, type(None)), False)},
     RANK_MAP: {"entries": ((list,), True)},
     BUNDLE_CHUNK: {
         "rank": (_INT, True), "transfer": ((str,), True), "path": ((str,), True),
@@ -227,6 +233,9 @@ class Decoder:
             _check_step(body)
         elif mtype == CONTROL and body["command"] not in CONTROL_COMMANDS:
             raise ProtocolError("bad_field", f"control.command {body['command']!r}")
+        elif mtype in (HEARTBEAT, RANK_LOST) and body.get("sync") is not None \
+                and SyncPoint.from_wire(body["sync"]) is None:
+            raise ProtocolError("bad_field", f"{mtype}.sync is not a sync point")
         return Message(mtype, job, src, seq, body)
 
 

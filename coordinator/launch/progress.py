@@ -34,21 +34,38 @@ class ProgressPrinter:
             if iid and iid not in self._incidents:
                 self._incidents.add(iid)
                 self.say(f"DIVERGENCE: {inc.get('detector')} names rank {inc.get('first_diverging_rank')} "
-                         f"at step {inc.get('step')} ({inc.get('tensor')}); state {inc.get('state', '?')}")
+                         f"at step {inc.get('step')} ({what_of(inc)}); state {inc.get('state', '?')}")
+
+
+def what_of(incident: dict[str, Any]) -> str:
+    """The tensor a value finding names, or how a failed rank failed."""
+    if incident.get("tensor"):
+        return str(incident["tensor"])
+    ev = incident.get("evidence") or {}
+    return str(ev.get("manner") or ev.get("rule") or "—")
 
 
 def format_verdict(incident: dict[str, Any]) -> str:
     """The end-of-run verdict: the one line a user reads, then where everything is."""
     ties = incident.get("ties") or []
     tie_note = f" (tied with rank(s) {', '.join(map(str, ties))})" if ties else ""
+    ev = incident.get("evidence") or {}
+    failed = incident.get("detector") == "progress" and "failed_at" in ev
     lines = [
         "",
-        f"rankscope verdict: rank {incident.get('first_diverging_rank')} diverged first{tie_note}",
+        f"rankscope verdict: rank {incident.get('first_diverging_rank')} "
+        f"{'failed' if failed else 'diverged'} first{tie_note}",
         f"  detector : {incident.get('detector')}",
-        f"  step     : {incident.get('step')}",
-        f"  tensor   : {incident.get('tensor')}",
+        f"  step     : {incident.get('step')}" + ("  (the first step it did not complete)" if failed else ""),
     ]
-    rule = (incident.get("evidence") or {}).get("rule")
+    if failed:
+        lines.append(f"  how      : {what_of(incident)}")
+        followers = ev.get("followers") or []
+        if followers:
+            lines.append("  followers: " + ", ".join(_follower(f) for f in followers) + "  (taken down after it)")
+    else:
+        lines.append(f"  tensor   : {incident.get('tensor') or '—'}")
+    rule = ev.get("rule")
     if rule:
         lines.append(f"  rule     : {rule}")
     if incident.get("dir"):
@@ -59,3 +76,12 @@ def format_verdict(incident: dict[str, Any]) -> str:
         lines.append(f"  bundles  : {len(bundles)} rank bundle(s): "
                      + ", ".join(f"rank {r}" for r in sorted(bundles, key=lambda r: int(r))))
     return "\n".join(lines)
+
+
+def _delay(d: Any) -> str:
+    return "—" if d is None else f"+{float(d):.2f} s"
+
+
+def _follower(f: dict[str, Any]) -> str:
+    how = f.get("signal") or (f"exit {f['exit_status']}" if f.get("exit_status") is not None else None)
+    return f"rank {f['rank']} ({_delay(f.get('delay_s'))}{', ' + how if how else ''})"

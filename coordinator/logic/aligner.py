@@ -21,6 +21,7 @@ import numpy as np
 from rankscope.config.cluster import ClusterSettings
 from rankscope.coordinator.logic.columns import UNKNOWN, KeyTable, RankNames
 from rankscope.wire.records import NO_CRC, StepBatch
+from rankscope.wire.sync import SyncPoint
 
 NO_EXEC = np.iinfo(np.int64).max
 
@@ -55,6 +56,10 @@ class RankRecord:
     last_seen: float | None = None
     heartbeat_step: int | None = None
     layout: "Layout | None" = None
+    #: Its newest sync point (where it stands relative to its collectives), coordinator clock.
+    sync: SyncPoint | None = None
+    #: How it ended, when it was lost: exit status, signal, reason, exception, time.
+    death: dict[str, Any] | None = None
 
 
 @dataclass

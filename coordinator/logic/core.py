@@ -27,12 +27,14 @@ from rankscope.coordinator.logic.aligner import (
 )
 from rankscope.coordinator.logic.detector_set import build_step_detectors
 from rankscope.coordinator.logic.detectors.progress import ProgressDetector
+from rankscope.coordinator.logic.failures import Death, FailureJudge
 from rankscope.coordinator.logic.incident import Action, IncidentEvent
 from rankscope.coordinator.logic.incident_book import IncidentBook
 from rankscope.coordinator.logic.series import SeriesRecorder
 from rankscope.coordinator.logic.verdict import Verdict
 from rankscope.wire.layout import rank_from_wire
 from rankscope.wire.records import StepBatch
+from rankscope.wire.sync import SyncPoint
 
 log = logging.getLogger(__name__)
 
@@ -53,11 +55,11 @@ class CoordinatorCore:
         self.aligner = StepAligner(settings)
         self.detectors = build_step_detectors(settings)
         self.progress = ProgressDetector(settings.detectors.progress)
+        self.failures = FailureJudge(settings.failure_settle_s, settings.teardown_window_s, settings.hang_timeout_s)
         self.series = SeriesRecorder()
         self.rank_maps: dict[str, list[dict[str, Any]]] = {}
         self.verdicts: collections.deque[Verdict] = collections.deque(maxlen=1000)
         self._quiet: dict[tuple, float] = {}
-        self._pending: list[Verdict] = []
         self.book = IncidentBook(settings, self.aligner, self.export_dir, clock, wall_clock, self.rank_maps)
 
     # --- ingestion ----------------------------------------------------------------
@@ -88,11 +90,16 @@ class CoordinatorCore:
                 continue
             ingest(b, now)
 
-    def on_heartbeat(self, job: str, rank: int | None, step: int, state: str) -> None:
+    def on_heartbeat(self, job: str, rank: int | None, step: int, state: str,
+                     sync: SyncPoint | None = None) -> None:
+        """``sync``: the rank's newest sync point, already on the coordinator's clock."""
         if rank is None:
             return
         rec = self.aligner.rank(job, rank)
         rec.last_seen, rec.heartbeat_step = self.clock(), step
+        if sync is not None and (rec.sync is None or (sync.key(), sync.phase != "in") >= (rec.sync.key(),
+                                                                                           rec.sync.phase != "in")):
+            rec.sync = sync
         new = _HEARTBEAT_STATES.get(state)
         if new is None or rec.state in (RankState.LOST, RankState.FINISHED):
             return
@@ -103,7 +110,9 @@ class CoordinatorCore:
         rec.state = new
 
     def on_rank_lost(self, job: str, rank: int | None, last_step: int, exit_status: int | None,
-                     reason: str) -> None:
+                     reason: str, *, died_at: float | None = None, signal: int | None = None,
+                     exception: str | None = None, sync: SyncPoint | None = None) -> None:
+        """A rank's process ended badly (or went silent). Times on the coordinator's clock."""
         if rank is None:  # lost before it was given a rank id: it never took part in a step
             log.warning("job %s: a process without a rank id was lost (%s)", job, reason)
             return
@@ -114,8 +123,13 @@ class CoordinatorCore:
             rec.state = RankState.FINISHED
             return
         rec.state = RankState.LOST
+        rec.last_step = max(rec.last_step, last_step)
+        died_at = self.wall_clock() if died_at is None else died_at
+        rec.death = {"exit_status": exit_status, "signal": signal, "reason": reason, "exception": exception,
+                     "died_at": died_at}
         if self.settings.detectors.progress.enabled:
-            self._pending.append(self.progress.lost(rec, last_step, exit_status, reason))
+            self.failures.death(rec.group, Death(rank, died_at, exit_status, signal, reason, exception, last_step,
+                                                 sync), self.clock())
 
     def on_rank_finished(self, job: str, rank: int, last_step: int | None = None) -> None:
         rec = self.aligner.rank(job, rank)
@@ -148,11 +162,13 @@ class CoordinatorCore:
         return self._judge(self.clock(), force=True)
 
     def _judge(self, now: float, force: bool) -> list[Verdict]:
-        found, self._pending = self._pending, []
+        found: list[Verdict] = []
         for grp, view in self.aligner.ready(now, force=force):
             found += self._judge_step(grp, view, report_missing=not force or view.by_deadline)
         if self.settings.detectors.progress.enabled:
             for grp in self.aligner.groups.values():
+                if grp.job not in self.terminated_jobs:
+                    found += self.failures.judge(grp, now, self.wall_clock(), force=force)
                 for v in self.progress.lagging(grp):
                     self._stall(grp.job, [v.rank, *v.ties])
                     found.append(v)

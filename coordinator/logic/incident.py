@@ -64,6 +64,7 @@ class ActionKind(str, enum.Enum):
     RESUME = "resume"
     TERMINATE = "terminate"
     STEP = "step"
+    STACKS = "stacks"  # every rank writes all its threads' stacks (the suspects first)
 
 
 class IncidentTransitionError(ValueError):

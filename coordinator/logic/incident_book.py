@@ -74,6 +74,15 @@ class IncidentBook:
             iid = f"{base}-{n}"
         inc = self.by_id[iid] = Incident(iid, v.job, policy or self.settings.on_divergence, v, wall)
         self.fire(inc, IncidentEvent.START)
+        if v.urgent:
+            # Where every thread of every rank is, now, before the launcher takes them
+            # down: the named rank (and its ties) first.
+            others = [r.rank for r in self._job_ranks(v.job) if r.rank not in (v.rank, *v.ties)]
+            self._queue([Action(ActionKind.STACKS, v.job, iid, {"ranks": [v.rank, *v.ties, *others]})])
+        if v.urgent and inc.state is IncidentState.PAUSING:
+            # Dead or stuck ranks cannot pause, and the others are about to be taken down:
+            # the pause is sent, but the export does not wait for it.
+            self.fire(inc, IncidentEvent.PAUSE_TIMEOUT)
         return inc
 
     def fire(self, inc: Incident, event: IncidentEvent) -> list[Action]:
@@ -104,8 +113,15 @@ class IncidentBook:
         return [r for (j, _), r in sorted(self.aligner.ranks.items()) if j == job]
 
     def _rank_snapshot(self, job: str) -> dict[int, dict[str, Any]]:
-        return {r.rank: {"state": r.state.value, "step": r.last_step, "heartbeat_step": r.heartbeat_step}
-                for r in self._job_ranks(job)}
+        out: dict[int, dict[str, Any]] = {}
+        for r in self._job_ranks(job):
+            snap: dict[str, Any] = {"state": r.state.value, "step": r.last_step, "heartbeat_step": r.heartbeat_step}
+            if r.death is not None:
+                snap.update({k: v for k, v in r.death.items() if v is not None})
+            if r.sync is not None:
+                snap["sync"] = r.sync.to_wire()
+            out[r.rank] = snap
+        return out
 
     def advance(self, now: float) -> None:
         """Fire the events the rank table shows: all paused, all bundles in, or a timeout."""

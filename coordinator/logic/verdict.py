@@ -28,6 +28,9 @@ class Verdict:
     job: str = ""
     #: Inference (token_range capture): the decode call the rank was at, else None.
     token: int | None = None
+    #: A crash or hang: ranks that died or are stuck cannot pause, so the incident
+    #: exports at once instead of waiting for the pause.
+    urgent: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"
 _CONTROL = {ActionKind.PAUSE: "pause", ActionKind.RESUME: "resume", ActionKind.TERMINATE: "terminate",
-            ActionKind.STEP: "step"}
+            ActionKind.STEP: "step", ActionKind.STACKS: "stacks"}
 
 
 class ActionPerformer:

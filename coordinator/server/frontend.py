@@ -21,11 +21,14 @@ from typing import Any, Callable
 
 import zmq
 
+from rankscope.coordinator.server.clock import ClockOffset
 from rankscope.wire import protocol
 from rankscope.wire.protocol import Message
 
 log = logging.getLogger(__name__)
 
+#: How often each agent's clock offset is measured again.
+CLOCK_PROBE_S = 5.0
 #: At most this many frames are drained before the loop runs ticks and calls again,
 #: so a flood of steps cannot starve detection or control.
 MAX_BURST = 2048
@@ -42,6 +45,9 @@ class Peer:
     #: agent can trim its spool; ``unacked`` says an ack is due.
     high: dict[str, int] = field(default_factory=dict)
     unacked: bool = False
+    #: The agent's clock offset to ours: its times are moved onto our clock with it.
+    clock: ClockOffset = field(default_factory=ClockOffset)
+    next_clock_probe: float = 0.0
 
 
 class Handlers:
@@ -134,6 +140,20 @@ class Frontend:
                     self.peers.pop(ident, None)
         return sent
 
+    def probe_clocks(self, now: float) -> None:
+        """Ask each agent for its clock now and then (more often until it has answered)."""
+        for peer in list(self.peers.values()):
+            if now < peer.next_clock_probe:
+                continue
+            peer.next_clock_probe = now + (CLOCK_PROBE_S if peer.clock.error is not None else 0.5)
+            body = {"what": "clock", "detail": {"t1": time.time()}}
+            frame = protocol.encode(Message(protocol.STATUS, "", "coordinator", self._seq(), body))
+            try:
+                self._sock.send_multipart([peer.identity, frame], flags=zmq.NOBLOCK)
+            except zmq.ZMQError as exc:
+                if exc.errno == zmq.EHOSTUNREACH:
+                    self.peers.pop(peer.identity, None)
+
     def send_acks(self) -> None:
         """Tell each agent what arrived, per sender: its spool may drop those frames."""
         for peer in list(self.peers.values()):
@@ -189,6 +209,7 @@ class Frontend:
                 if now >= next_ack:
                     next_ack = now + self.ack_s
                     self._guard(self.send_acks)
+                    self._guard(self.probe_clocks, now)
         finally:
             from rankscope.wire.transport import stop_authenticator
             self._fail_pending_calls()
@@ -219,6 +240,11 @@ class Frontend:
             if msg.seq > peer.high.get(msg.src, -1):
                 peer.high[msg.src] = msg.seq
             peer.unacked = True
+            if msg.type == protocol.STATUS and msg.body["what"] == "clock":
+                d = msg.body.get("detail") or {}
+                if isinstance(d.get("t1"), (int, float)) and isinstance(d.get("t2"), (int, float)):
+                    peer.clock.add(float(d["t1"]), float(d["t2"]), time.time())
+                continue
             if msg.type == protocol.STEP:
                 steps.append(protocol.step_from_message(msg))
                 peer.ranks.add((msg.job, msg.body["rank"]))

@@ -18,6 +18,7 @@ from rankscope.coordinator.server.metrics import CoordinatorMetrics
 from rankscope.wire import protocol
 from rankscope.wire.layout import rank_from_wire
 from rankscope.wire.protocol import Message
+from rankscope.wire.sync import SyncPoint
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +68,9 @@ class CoordinatorService(Handlers):
     def on_message(self, msg: Message, peer: Peer) -> None:
         b, job, t = msg.body, msg.job, msg.type
         if t == protocol.HEARTBEAT:
-            self.core.on_heartbeat(job, rank_from_wire(b["rank"]), b["step"], b["state"])
+            sync = SyncPoint.from_wire(b.get("sync"))
+            self.core.on_heartbeat(job, rank_from_wire(b["rank"]), b["step"], b["state"],
+                                   sync.shifted(peer.clock.offset) if sync is not None else None)
         elif t == protocol.REGISTER:
             # The node agent forwards each registration with the id it assigned.
             rank = rank_from_wire(b.get("assigned_rank"))
@@ -77,7 +80,12 @@ class CoordinatorService(Handlers):
             peer.ranks.add((job, rank))
             self.core.on_register(job, rank, dict(b))
         elif t == protocol.RANK_LOST:
-            self.core.on_rank_lost(job, rank_from_wire(b["rank"]), b["last_step"], b["exit_status"], b["reason"])
+            sync = SyncPoint.from_wire(b.get("sync"))
+            died_at = b.get("died_at")
+            self.core.on_rank_lost(job, rank_from_wire(b["rank"]), b["last_step"], b["exit_status"], b["reason"],
+                                   died_at=None if died_at is None else float(died_at) + peer.clock.offset,
+                                   signal=b.get("signal"), exception=b.get("exception"),
+                                   sync=sync.shifted(peer.clock.offset) if sync is not None else None)
         elif t == protocol.RANK_MAP:
             self.core.on_rank_map(job, list(b["entries"]))
         elif t == protocol.BUNDLE_CHUNK:

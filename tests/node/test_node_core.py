@@ -102,7 +102,7 @@ def test_a_killed_rank_is_lost_after_the_grace_with_its_signal_and_a_bundle(tmp_
     world.t += 0.25
     core.tick()
     assert not [m for m in up_messages(core.take()) if m.type == protocol.RANK_LOST]  # still in its grace
-    world.t += EXIT_GRACE_S
+    world.t += EXIT_GRACE_S + 0.01
     core.tick()
     lost = [m for m in up_messages(core.take()) if m.type == protocol.RANK_LOST]
     assert [(m.body["rank"], m.body["exit_status"], m.body["last_step"]) for m in lost] == [(0, -signal.SIGKILL, 2)]
@@ -144,7 +144,7 @@ def test_export_of_a_lost_rank_is_answered_from_the_agent_flight_recorder(tmp_pa
     core.on_rank_frame(b"a", step_frame(11, 0, 0, 1, NameTable()))
     world.kill(11, signal.SIGSEGV)
     for _ in range(2):  # seen dead, then lost once its grace is over
-        world.t += EXIT_GRACE_S
+        world.t += EXIT_GRACE_S + 0.01
         core.tick()
     assert core.registry.by_rank("j", 0)[0].exit_status == -signal.SIGSEGV
     core.take()
@@ -167,11 +167,20 @@ def test_a_clean_goodbye_finishes_the_rank_and_an_uncaught_exception_loses_it(tm
         "what": "bye", "detail": {"ok": ok, "error": "" if ok else "ValueError('boom')", "step": 4}}))
     core.on_rank_frame(b"a", bye(11, True, 9))
     core.on_rank_frame(b"b", bye(12, False, 9))
-    ups = up_messages(core.take())
+    assert not [m for m in up_messages(core.take()) if m.type in (protocol.RANK_LOST, protocol.STATUS)]
+    # Local processes are judged when they end: then exit 0 after a clean goodbye, 1 after the exception.
+    world.kill(11, 0)
+    world.kill(12, 1 << 8)
+    ups = []
+    for _ in range(2):
+        world.t += EXIT_GRACE_S + 0.01
+        core.tick()
+        ups += up_messages(core.take())
     finished = [m.body for m in ups if m.type == protocol.STATUS and m.body["what"] == "finished"]
     lost = [m.body for m in ups if m.type == protocol.RANK_LOST]
     assert [d["detail"]["rank"] for d in finished] == [0]
-    assert [(b["rank"], b["reason"]) for b in lost] == [(1, "raised: ValueError('boom')")]
+    assert [(b["rank"], b["reason"], b["exit_status"], b["exception"]) for b in lost] == \
+        [(1, "raised: ValueError('boom')", 1, "ValueError('boom')")]
 
 
 def test_after_a_reconnect_the_registrations_and_name_tables_are_owed_again(tmp_path):
@@ -197,3 +206,54 @@ def test_a_register_with_no_pid_is_refused_and_counted(tmp_path):
     register(core, b"a", 0, 0)
     core.tick()
     assert not core.take() and core.decoder.rejected["bad_register"] == 1
+
+
+def test_a_nonzero_exit_after_a_clean_goodbye_is_a_loss(tmp_path):
+    core, world = make(tmp_path)
+    register(core, b"a", 11, 0, world_size=1)
+    core.tick()
+    core.take()
+    core.on_rank_frame(b"a", encode(Message(protocol.STATUS, "j", "rank:h:11", 3, {
+        "what": "bye", "detail": {"ok": True, "error": "", "step": 2}})))
+    world.kill(11, 3 << 8)  # sys.exit(3) after the client closed cleanly
+    core.on_pid_exit(11)
+    world.t += EXIT_GRACE_S + 0.01
+    core.tick()
+    lost = [m.body for m in up_messages(core.take()) if m.type == protocol.RANK_LOST]
+    assert [(b["rank"], b["exit_status"], b["signal"]) for b in lost] == [(0, 3, None)]
+
+
+def test_a_pidfd_notice_starts_the_grace_without_waiting_for_the_scan(tmp_path):
+    core, world = make(tmp_path)
+    register(core, b"a", 11, 0, world_size=1)
+    core.tick()
+    core.take()
+    assert core.watched_pids() == {11}
+    world.kill(11, signal.SIGKILL)
+    core.on_pid_exit(11)  # what the daemon calls when the pidfd turns readable
+    world.t += EXIT_GRACE_S + 0.01
+    core.tick()
+    lost = [m.body for m in up_messages(core.take()) if m.type == protocol.RANK_LOST]
+    assert lost and lost[0]["signal"] == signal.SIGKILL and isinstance(lost[0]["died_at"], float)
+    assert core.watched_pids() == set()
+
+
+def test_the_last_sync_point_travels_with_the_loss_and_a_clock_probe_is_answered(tmp_path):
+    core, world = make(tmp_path)
+    register(core, b"a", 11, 0, world_size=1)
+    core.tick()
+    core.take()
+    sync = {"what": "AllReduce", "step": 5, "seq": 0, "phase": "in", "at": 1.7e9}
+    core.on_rank_frame(b"a", encode(Message(protocol.HEARTBEAT, "j", "rank:h:11", 4, {
+        "rank": 0, "step": 4, "state": "running", "pid": 11, "sync": sync})))
+    world.kill(11, signal.SIGKILL)
+    core.on_pid_exit(11)
+    world.t += EXIT_GRACE_S + 0.01
+    core.tick()
+    lost = [m.body for m in up_messages(core.take()) if m.type == protocol.RANK_LOST]
+    assert lost[0]["sync"] == sync
+    core.on_coordinator_frame(encode(Message(protocol.STATUS, "j", "coordinator", 9,
+                                             {"what": "clock", "detail": {"t1": 5.0}})))
+    [reply] = [protocol.Decoder().decode(f) for f in core.take().up_volatile]
+    assert reply.body["what"] == "clock" and reply.body["detail"]["t1"] == 5.0
+    assert isinstance(reply.body["detail"]["t2"], float)

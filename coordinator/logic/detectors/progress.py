@@ -1,4 +1,5 @@
-"""Progress: ranks that are lost, miss a step's deadline, or lag their group.
+"""Progress: ranks that miss a step's deadline or lag their group (crashes and hangs are
+judged by :mod:`rankscope.coordinator.logic.failures`).
 
 For every finding the step named is the first step the rank did not complete
 (its newest reported step + 1), which is what a user needs to look at: a rank
@@ -48,12 +49,6 @@ class ProgressDetector:
             "heartbeat_step": {str(r.rank): r.heartbeat_step for r in miss[:MAX_EVIDENCE_RANKS]},
         }
         return [self._verdict(miss, view.group, view.job, ev)]
-
-    def lost(self, rec: RankRecord, last_step: int, exit_status: int | None, reason: str) -> Verdict:
-        rec.last_step = max(rec.last_step, last_step)
-        ev = {"rule": "rank lost", "reason": reason, "exit_status": exit_status,
-              "group_newest_step": rec.group.newest_step()}
-        return self._verdict([rec], rec.group.label, rec.job, ev)
 
     def lagging(self, group: Group) -> list[Verdict]:
         lag_steps = self.settings.lag_steps

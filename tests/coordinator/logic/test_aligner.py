@@ -122,6 +122,8 @@ def test_lost_rank_is_no_longer_awaited() -> None:
             core.on_step(b)
     found = core.tick()
     assert core.status()["counters"]["steps_judged"] == 2
+    clock.advance(0.6)  # deaths are judged once the launcher's teardown had time to report
+    found += core.tick()
     assert [(v.detector, v.rank, v.step) for v in found] == [("progress", 2, 1)]
 
 

@@ -65,10 +65,11 @@ def test_lost_rank_names_first_step_not_completed_and_the_exit() -> None:
         for b in sim.batches(step):
             core.on_step(b)
         core.tick()
-    core.on_rank_lost(sim.job, 1, 4, -9, "process killed by SIGKILL")
+    core.on_rank_lost(sim.job, 1, 4, -9, "process killed by SIGKILL", signal=9)
+    clock.advance(0.6)
     [v] = core.tick()
     assert (v.detector, v.rank, v.step) == ("progress", 1, 5)
-    assert v.evidence["exit_status"] == -9 and "SIGKILL" in v.evidence["reason"]
+    assert v.evidence["exit_status"] == -9 and v.evidence["signal"] == "SIGKILL"
     assert core.status()["jobs"][sim.job]["ranks"]["1"]["state"] == "lost"
 
 
@@ -153,6 +154,7 @@ def test_a_restarted_process_on_a_lost_rank_is_awaited_again() -> None:
     sim = SyntheticTraining(ranks=2, tensors=16, seed=8)
     _register(core, sim)
     core.on_rank_lost(sim.job, 1, -1, 1, "exit 1")
+    clock.advance(0.6)
     assert [v.rank for v in core.tick()] == [1]
     core.on_register(sim.job, 1, {"world_size": 2, "host": "h", "pid": 999})
     assert core.status()["jobs"][sim.job]["ranks"]["1"]["state"] == "expected"

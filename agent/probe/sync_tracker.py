@@ -1,0 +1,34 @@
+"""Where this rank stands relative to its collectives (see :mod:`rankscope.wire.sync`).
+
+The training thread calls :meth:`enter` / :meth:`leave` around each collective it makes
+(the gradient reducer's call; a compiled step in GRAPH mode) and :meth:`new_step` at step
+ends; the client's I/O thread reads :attr:`latest` for its heartbeats. One attribute
+assignment per event: no lock, nothing that could make training wait.
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+from rankscope.wire.sync import IN, OUT, SyncPoint
+
+
+class SyncTracker:
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        self.clock = clock
+        self.latest: SyncPoint | None = None
+        self.changes = 0  # bumped on every event: the I/O thread sends promptly on a change
+        self._step = 0
+        self._seq = 0
+
+    def new_step(self, step: int) -> None:
+        self._step, self._seq = step, 0
+
+    def enter(self, what: str) -> None:
+        self.latest = SyncPoint(what, self._step, self._seq, IN, self.clock())
+        self.changes += 1
+
+    def leave(self, what: str) -> None:
+        self.latest = SyncPoint(what, self._step, self._seq, OUT, self.clock())
+        self._seq += 1
+        self.changes += 1

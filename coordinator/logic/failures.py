@@ -1,0 +1,259 @@
+"""Crashes and hangs: name the rank that failed first, not the ranks taken down with it.
+
+When one rank of a data-parallel job dies, the launcher (msrun: SIGKILL within a second)
+or the collective's own timeout takes the others down: the last to die, or the first to
+report a timeout, is usually a victim. Two facts decide instead:
+
+- **When** each rank died, on one clock (the agent's death time moved by its measured
+  offset to the coordinator). Deaths that arrive within ``settle_s`` of the first are
+  judged together; the earliest is the cause, the others are followers with their delay.
+- **Where** each rank stood relative to the newest collective any of them reached (its
+  last sync point, :mod:`rankscope.wire.sync`). In PyNative a collective is launched
+  asynchronously: a rank that reached it may already be past the call and blocked at its
+  next read of a value, so "reached" is what counts, not "inside". A rank that never
+  reached the collective its peers reached is the cause, whether it died (a crash before
+  the AllReduce) or is alive but stuck (a deadlock, a long sleep, SIGSTOP); ranks that died
+  waiting for it (a collective timeout) are its followers. With nobody dead, peers held at
+  one collective for ``hang_timeout_s`` while a rank never reached it is a hang.
+
+The step named is the first step the rank did not complete. A peer that reached step s's
+collective finished step s-1, which needs every rank (the probe reads each step's values
+at its end, so the step's collectives have completed by then): the dead rank completed
+step s-1 too, even when its own step-end records died with it.
+
+Pure logic: deaths and sync points in, verdicts out, times on the coordinator's clock.
+"""
+from __future__ import annotations
+
+import signal
+from dataclasses import dataclass, field
+from typing import Any
+
+from rankscope.coordinator.logic.aligner import LIVE_STATES, Group, RankRecord, RankState
+from rankscope.coordinator.logic.detectors.common import MAX_EVIDENCE_RANKS
+from rankscope.coordinator.logic.verdict import Verdict
+from rankscope.wire.sync import SyncPoint
+
+#: Deaths this close together are ties unless one of them is a launcher's kill.
+TIE_S = 0.05
+#: Signals a launcher uses to take a job down: a death by one of them after another
+#: rank's death is a consequence.
+_TEARDOWN_SIGNALS = (signal.SIGKILL, signal.SIGTERM)
+
+
+@dataclass
+class Death:
+    rank: int
+    died_at: float  # coordinator wall clock
+    exit_status: int | None
+    signal: int | None
+    reason: str
+    exception: str | None
+    last_step: int
+    sync: SyncPoint | None
+
+    def summary(self) -> dict[str, Any]:
+        return {"rank": self.rank, "exit_status": self.exit_status, "signal": _signal_name(self.signal),
+                "reason": self.reason, "exception": self.exception}
+
+
+@dataclass
+class Episode:
+    """The deaths of one group judged together, and the verdict they gave."""
+
+    opened: float  # coordinator monotonic clock, when the first death arrived
+    deaths: list[Death] = field(default_factory=list)
+    verdict: Verdict | None = None
+
+
+class FailureJudge:
+    def __init__(self, settle_s: float = 0.5, teardown_s: float = 10.0, hang_timeout_s: float = 120.0) -> None:
+        self.settle_s, self.teardown_s, self.hang_timeout_s = settle_s, teardown_s, hang_timeout_s
+        self.episodes: dict[str, Episode] = {}  # group label -> the open episode
+        self._hung: set[tuple[str, tuple[int, int]]] = set()  # (group, collective) already judged
+
+    def death(self, group: Group, d: Death, now: float) -> None:
+        ep = self.episodes.get(group.label)
+        if ep is not None and ep.verdict is not None:
+            cause_at = ep.verdict.evidence.get("failed_at")
+            if cause_at is None or d.died_at - cause_at <= self.teardown_s:
+                _add_follower(ep.verdict, d, cause_at)  # the teardown goes on: listed, not judged again
+                return
+            ep = None  # a new failure, long after the last one
+        if ep is None:
+            ep = self.episodes[group.label] = Episode(now)
+        ep.deaths.append(d)
+
+    def judge(self, group: Group, now: float, wall_now: float, force: bool = False) -> list[Verdict]:
+        """Verdicts due now: an episode whose settle time passed (or any, with ``force``:
+        the job is over), or a hang."""
+        ep = self.episodes.get(group.label)
+        if ep is not None and ep.verdict is None and (force or now - ep.opened >= self.settle_s):
+            ep.verdict = self._decide(group, ep.deaths)
+            return [ep.verdict]
+        if ep is None or ep.verdict is None:
+            hung = self._hang(group, wall_now)
+            if hung is not None:
+                return [hung]
+        return []
+
+    # --- deciding -----------------------------------------------------------------------
+    def _decide(self, group: Group, deaths: list[Death]) -> Verdict:
+        by_rank = {d.rank: d for d in deaths}
+        syncs = _sync_points(group, by_rank)
+        blocking = _blocking(syncs)
+        cause: Death | None = None
+        hung: list[RankRecord] = []
+        if blocking is not None:
+            absent = _never_entered(group, syncs, blocking)
+            dead_absent = sorted((by_rank[r] for r in absent if r in by_rank), key=lambda d: d.died_at)
+            if dead_absent:
+                cause = dead_absent[0]
+            else:
+                hung = [m for m in group.members if m.rank in absent and m.state in LIVE_STATES | {RankState.STALLED}]
+        if cause is None and not hung:
+            cause = _earliest(deaths)
+        if cause is not None:
+            return self._death_verdict(group, cause, deaths, syncs, blocking)
+        return self._hang_verdict(group, hung, syncs, blocking, deaths)
+
+    def _death_verdict(self, group: Group, cause: Death, deaths: list[Death], syncs: dict[int, SyncPoint],
+                       blocking: SyncPoint | None) -> Verdict:
+        if blocking is not None and _before(syncs.get(cause.rank), blocking):
+            step = blocking.step  # it never reached the collective of that step
+        else:
+            step = _completed(group, cause, syncs) + 1
+        what = cause.exception or _manner(cause)
+        ev: dict[str, Any] = {
+            "rule": "first to fail", "reason": cause.reason, "exit_status": cause.exit_status,
+            "signal": _signal_name(cause.signal), "exception": cause.exception, "failed_at": cause.died_at,
+            "manner": what, "followers": [], "group_newest_step": group.newest_step(),
+        }
+        if blocking is not None:
+            ev["collective"] = _collective(group, syncs, blocking)
+        v = Verdict(detector="progress", rank=cause.rank, step=step, tensor=None, exec_index=None, kind=None,
+                    group=group.label, evidence=ev, ties=_ties(cause, deaths), job=group.job, urgent=True)
+        for d in sorted(deaths, key=lambda d: d.died_at):
+            if d is not cause:
+                _add_follower(v, d, cause.died_at)
+        return v
+
+    def _hang_verdict(self, group: Group, hung: list[RankRecord], syncs: dict[int, SyncPoint],
+                      blocking: SyncPoint, deaths: list[Death]) -> Verdict:
+        coll = _collective(group, syncs, blocking)
+        ranks = sorted(m.rank for m in hung)
+        ev: dict[str, Any] = {
+            "rule": f"never reached {blocking.what} #{blocking.seq} of step {blocking.step}",
+            "manner": f"never reached {blocking.what} #{blocking.seq} of step {blocking.step}; "
+                      f"rank(s) {', '.join(map(str, coll['entered']))} waited there",
+            "reason": "hang", "collective": coll, "failed_at": coll["waiting_since"], "followers": [],
+            "last_sync": {str(r): syncs[r].to_wire() if r in syncs else None for r in ranks[:MAX_EVIDENCE_RANKS]},
+            "group_newest_step": group.newest_step(),
+        }
+        v = Verdict(detector="progress", rank=ranks[0], step=blocking.step, tensor=None, exec_index=None, kind=None,
+                    group=group.label, evidence=ev, ties=ranks[1:], job=group.job, urgent=True)
+        for d in sorted(deaths, key=lambda d: d.died_at):
+            _add_follower(v, d, coll["waiting_since"])
+        self._hung.add((group.label, blocking.key()))
+        return v
+
+    def _hang(self, group: Group, wall_now: float) -> Verdict | None:
+        """With nobody dead: live ranks inside one collective for ``hang_timeout_s`` while
+        a peer never entered it."""
+        syncs = {m.rank: m.sync for m in group.members if m.sync is not None and m.state in LIVE_STATES
+                 | {RankState.STALLED}}
+        blocking = _blocking(syncs)
+        if blocking is None or (group.label, blocking.key()) in self._hung:
+            return None
+        if wall_now - blocking.at < self.hang_timeout_s:
+            return None
+        absent = _never_entered(group, syncs, blocking)
+        hung = [m for m in group.members if m.rank in absent and m.state in LIVE_STATES | {RankState.STALLED}]
+        if not hung:
+            return None
+        return self._hang_verdict(group, hung, syncs, blocking, [])
+
+
+# --- helpers ------------------------------------------------------------------------------
+def _sync_points(group: Group, deaths: dict[int, Death]) -> dict[int, SyncPoint]:
+    """Each member's newest known sync point: from its heartbeats, or from its agent's
+    report of its death, whichever is newer."""
+    out: dict[int, SyncPoint] = {}
+    for m in group.members:
+        pts = [p for p in (m.sync, deaths[m.rank].sync if m.rank in deaths else None) if p is not None]
+        if pts:
+            out[m.rank] = max(pts, key=lambda p: (p.key(), p.phase == "out", p.at))
+    return out
+
+
+def _blocking(syncs: dict[int, SyncPoint]) -> SyncPoint | None:
+    """The newest collective some rank reached while another had not (what the ones that
+    reached it wait on); None when every rank stands at the same one."""
+    if not syncs:
+        return None
+    newest = max(syncs.values(), key=lambda s: s.key())
+    if all(s.key() == newest.key() for s in syncs.values()):
+        return None
+    return min((s for s in syncs.values() if s.key() == newest.key()), key=lambda s: s.at)
+
+
+def _before(point: SyncPoint | None, blocking: SyncPoint) -> bool:
+    return point is None or point.key() < blocking.key()
+
+
+def _never_entered(group: Group, syncs: dict[int, SyncPoint], blocking: SyncPoint) -> list[int]:
+    # A rank that never reported a sync point says nothing about collectives (its
+    # collectives are not watched): it is not blamed for one.
+    return [m.rank for m in group.members if m.rank in syncs and _before(syncs[m.rank], blocking)]
+
+
+def _completed(group: Group, d: Death, syncs: dict[int, SyncPoint]) -> int:
+    """The last step the dead rank completed: what it reported, what its agent saw, and
+    the step before any collective some rank reached."""
+    done = max(d.last_step, next((m.last_step for m in group.members if m.rank == d.rank), -1))
+    return max([done, *(p.step - 1 for p in syncs.values())])
+
+
+def _collective(group: Group, syncs: dict[int, SyncPoint], blocking: SyncPoint) -> dict[str, Any]:
+    entered = sorted(r for r, p in syncs.items() if not _before(p, blocking))
+    never = _never_entered(group, syncs, blocking)
+    since = min(p.at for p in syncs.values() if p.key() == blocking.key())
+    return {"what": blocking.what, "step": blocking.step, "seq": blocking.seq,
+            "entered": entered[:MAX_EVIDENCE_RANKS], "never_entered": sorted(never)[:MAX_EVIDENCE_RANKS],
+            "waiting_since": since}
+
+
+def _earliest(deaths: list[Death]) -> Death:
+    # A launcher's kill that lands at the same instant as a rank's own failure is still
+    # the consequence.
+    return min(deaths, key=lambda d: (d.died_at, d.signal in _TEARDOWN_SIGNALS, d.rank))
+
+
+def _ties(cause: Death, deaths: list[Death]) -> list[int]:
+    return sorted(d.rank for d in deaths if d is not cause and abs(d.died_at - cause.died_at) <= TIE_S
+                  and (d.signal in _TEARDOWN_SIGNALS) == (cause.signal in _TEARDOWN_SIGNALS))
+
+
+def _add_follower(v: Verdict, d: Death, cause_at: float | None) -> None:
+    followers = v.evidence.setdefault("followers", [])
+    if any(f["rank"] == d.rank for f in followers) or d.rank == v.rank:
+        return
+    delay = None if cause_at is None else round(d.died_at - cause_at, 3)
+    followers.append({**d.summary(), "delay_s": delay})
+
+
+def _manner(d: Death) -> str:
+    if d.signal:
+        return f"killed by {_signal_name(d.signal)}"
+    if d.exit_status is not None:
+        return f"exited with status {d.exit_status}"
+    return d.reason or "ended (exit status unknown)"
+
+
+def _signal_name(sig: int | None) -> str | None:
+    if not sig:
+        return None
+    try:
+        return signal.Signals(sig).name
+    except ValueError:
+        return f"signal {sig}"

@@ -1,0 +1,174 @@
+"""Crashes and hangs judged on one clock: the first failure is named, the ranks taken down
+with it are its followers (pure logic, scripted clocks, no processes)."""
+from __future__ import annotations
+
+import signal
+
+from logic_helpers import FakeClock
+
+from rankscope.coordinator.logic.core import CoordinatorCore
+from rankscope.wire.sync import IN, OUT, SyncPoint
+
+T0 = 1.7e9  # wall clock of the first failure
+
+
+def make(world: int = 4, **cluster):
+    clock, wall = FakeClock(), FakeClock(T0)
+    core = CoordinatorCore({"on_divergence": "export", **cluster}, clock=clock, wall_clock=wall)
+    for r in range(world):
+        core.on_register("j", r, {"world_size": world, "host": "h", "pid": 100 + r})
+        core.on_heartbeat("j", r, 0, "running")
+    return core, clock, wall
+
+
+def sync(step: int, phase: str, at: float, seq: int = 0, what: str = "AllReduce") -> SyncPoint:
+    return SyncPoint(what, step, seq, phase, at)
+
+
+def lost(core, rank, died_at, *, status=None, sig=None, sync_point=None, exception=None, last_step=4):
+    core.on_rank_lost("j", rank, last_step, status if sig is None else -sig, "exited", died_at=died_at,
+                      signal=sig, exception=exception, sync=sync_point)
+
+
+def settle(core, clock, dt: float = 0.6):
+    clock.advance(dt)
+    return core.tick()
+
+
+def test_exit_at_step_start_names_the_rank_and_step_the_launcher_kills_are_followers():
+    core, clock, _ = make()
+    for r in (0, 1, 3):  # the others finished step 5 and wait in step 6's AllReduce
+        core.on_heartbeat("j", r, 5, "running", sync(6, IN, T0 - 0.2))
+    # Reports may arrive in any order; the times decide.
+    lost(core, 1, T0 + 0.9, sig=signal.SIGKILL, sync_point=sync(6, IN, T0 - 0.2))
+    lost(core, 2, T0, status=137, sync_point=sync(5, OUT, T0 - 0.3), last_step=4)
+    lost(core, 0, T0 + 0.8, sig=signal.SIGKILL, sync_point=sync(6, IN, T0 - 0.2))
+    lost(core, 3, T0 + 0.95, sig=signal.SIGKILL, sync_point=sync(6, IN, T0 - 0.2))
+    assert core.tick() == []  # still settling
+    [v] = settle(core, clock)
+    assert (v.detector, v.rank, v.step, v.ties) == ("progress", 2, 6, [])
+    ev = v.evidence
+    assert ev["exit_status"] == 137 and ev["signal"] is None and ev["manner"] == "exited with status 137"
+    assert [(f["rank"], f["delay_s"], f["signal"]) for f in ev["followers"]] == \
+        [(0, 0.8, "SIGKILL"), (1, 0.9, "SIGKILL"), (3, 0.95, "SIGKILL")]
+    assert ev["collective"]["never_entered"] == [2] and ev["collective"]["entered"] == [0, 1, 3]
+
+
+def test_a_rank_killed_mid_step_before_its_allreduce_is_named_at_that_step():
+    core, clock, _ = make()
+    lost(core, 1, T0, sig=signal.SIGKILL, sync_point=sync(4, OUT, T0 - 0.5), last_step=3)
+    for r in (0, 2, 3):
+        lost(core, r, T0 + 0.7 + r / 100, sig=signal.SIGKILL, sync_point=sync(5, IN, T0 - 0.1))
+    [v] = settle(core, clock)
+    assert (v.rank, v.step) == (1, 5) and sorted(f["rank"] for f in v.evidence["followers"]) == [0, 2, 3]
+
+
+def test_the_step_a_dead_rank_completed_comes_from_the_collectives_its_peers_reached():
+    # Its step-5 records died with it (queued when it exited); the peers reached step 6's
+    # AllReduce, so step 5 (whose values every rank reads at its end) is complete everywhere.
+    core, clock, _ = make()
+    for r in (0, 1, 3):
+        core.on_heartbeat("j", r, 5, "running", sync(6, OUT, T0 - 0.4))
+    lost(core, 2, T0, status=1, last_step=4)  # no sync point of its own heard
+    [v] = settle(core, clock)
+    assert (v.rank, v.step) == (2, 6)
+
+
+def test_peers_inside_the_same_step_say_nothing_about_that_step():
+    # Launched asynchronously, step 5's AllReduce may still be waiting for the dead rank.
+    core, clock, _ = make()
+    for r in (0, 1, 3):
+        core.on_heartbeat("j", r, 4, "running", sync(5, OUT, T0 - 0.4))
+    lost(core, 2, T0, status=1, sync_point=sync(5, OUT, T0 - 0.4), last_step=4)
+    [v] = settle(core, clock)
+    assert (v.rank, v.step) == (2, 5)
+
+
+def test_an_uncaught_exception_is_named_with_what_the_rank_said():
+    core, clock, _ = make()
+    lost(core, 3, T0, status=1, exception="ValueError('bad batch')", sync_point=sync(4, OUT, T0 - 1))
+    lost(core, 0, T0 + 0.6, sig=signal.SIGKILL, sync_point=sync(5, IN, T0 - 0.5))
+    [v] = settle(core, clock)
+    assert (v.rank, v.step) == (3, 5)
+    assert v.evidence["exception"] == "ValueError('bad batch')" and v.evidence["manner"] == "ValueError('bad batch')"
+
+
+def test_collective_timeouts_on_the_waiting_ranks_name_the_rank_that_never_came():
+    # Rank 2 sleeps before its forward; the others wait in step 5's AllReduce until the
+    # collective gives up (30 s on CPU) and they die raising. Rank 0 raising first is a victim.
+    core, clock, wall = make()
+    core.on_heartbeat("j", 2, 4, "running", sync(4, OUT, T0 - 31))
+    for r in (0, 1, 3):
+        core.on_heartbeat("j", r, 4, "running", sync(5, IN, T0 - 30))
+    lost(core, 0, T0, status=1, exception="RuntimeError('Launch kernel failed, name:Default/AllReduce-op0')",
+         sync_point=sync(5, IN, T0 - 30))
+    lost(core, 1, T0 + 0.02, status=1, sync_point=sync(5, IN, T0 - 30))
+    [v] = settle(core, clock)
+    assert (v.rank, v.step) == (2, 5)
+    assert v.evidence["reason"] == "hang" and v.evidence["rule"] == "never reached AllReduce #0 of step 5"
+    assert [f["rank"] for f in v.evidence["followers"]] == [0, 1]
+    assert v.evidence["collective"]["waiting_since"] == T0 - 30
+
+
+def test_a_hang_with_nobody_dead_is_named_after_the_hang_timeout_and_only_once():
+    core, clock, wall = make(hang_timeout_s=20)
+    core.on_heartbeat("j", 1, 7, "running", sync(7, OUT, T0))
+    for r in (0, 2, 3):
+        core.on_heartbeat("j", r, 7, "running", sync(8, IN, T0 + 0.1))
+    wall.t = T0 + 19
+    assert core.tick() == []
+    wall.t = T0 + 20.2
+    [v] = core.tick()
+    assert (v.rank, v.step, v.evidence["reason"]) == (1, 8, "hang")
+    assert v.urgent
+    wall.t = T0 + 40
+    assert core.tick() == []
+
+
+def test_a_waiting_rank_is_not_a_hang_before_its_peer_is_late_enough():
+    core, clock, wall = make(hang_timeout_s=20)
+    for r in range(4):
+        core.on_heartbeat("j", r, 3, "running", sync(3, OUT, T0))
+    core.on_heartbeat("j", 0, 3, "running", sync(4, IN, T0 + 1))
+    wall.t = T0 + 10
+    assert core.tick() == []
+
+
+def test_without_sync_points_the_earliest_death_is_named():
+    core, clock, _ = make()
+    lost(core, 3, T0 + 0.4, sig=signal.SIGKILL)
+    lost(core, 1, T0, status=1)
+    [v] = settle(core, clock)
+    assert (v.rank, [f["rank"] for f in v.evidence["followers"]]) == (1, [3])
+
+
+def test_deaths_in_the_teardown_after_the_verdict_are_followers_not_new_findings():
+    core, clock, _ = make()
+    lost(core, 2, T0, status=137, sync_point=sync(3, OUT, T0 - 1))
+    [v] = settle(core, clock)
+    lost(core, 0, T0 + 1.5, sig=signal.SIGKILL, sync_point=sync(4, IN, T0 - 0.5))
+    assert settle(core, clock) == []
+    assert [f["rank"] for f in v.evidence["followers"]] == [0]
+    inc = core.documents()[0]
+    assert inc["first_diverging_rank"] == 2
+
+
+def test_a_crash_incident_exports_without_waiting_for_a_pause():
+    core, clock, _ = make(on_divergence="pause")
+    lost(core, 2, T0, status=137)
+    settle(core, clock)
+    actions = core.take_actions()
+    # Stacks first (the named rank first), and the export does not wait for ranks that cannot pause.
+    assert [a.kind.value for a in actions] == ["pause", "stacks", "export"]
+    assert actions[1].detail["ranks"] == [2, 0, 1, 3]
+    assert core.incidents()[0]["state"] == "exporting"
+
+
+def test_the_incident_snapshot_says_how_each_rank_ended():
+    core, clock, _ = make()
+    lost(core, 2, T0, status=137, sync_point=sync(5, OUT, T0 - 0.3))
+    lost(core, 0, T0 + 0.5, sig=signal.SIGKILL)
+    settle(core, clock)
+    ranks = core.documents()[0]["ranks"]
+    assert ranks["2"]["exit_status"] == 137 and ranks["2"]["died_at"] == T0
+    assert ranks["0"]["signal"] == signal.SIGKILL and ranks["1"]["state"] == "running"
