@@ -18,13 +18,15 @@ attaches the probe from outside. Run it under msrun (4 CPU ranks here):
 - ``kill``: that rank kills itself with SIGKILL in the middle of the step (after its
   backward, before the gradient AllReduce).
 
-``TRAIN_STEPS`` (default 12) sets the number of steps.
+``TRAIN_STEPS`` (default 12) sets the number of steps; ``TRAIN_STEP_SLEEP`` (seconds,
+default 0) paces them, as a slow input pipeline would.
 """
 from __future__ import annotations
 
 import os
 import signal
 import sys
+import time
 
 import mindspore as ms
 import numpy as np
@@ -87,8 +89,11 @@ def main() -> int:
 
     grad_fn = ms.value_and_grad(forward, None, optimizer.parameters)
     scale = float(os.environ.get("TRAIN_FAULT_SCALE", "50"))
+    pace = float(os.environ.get("TRAIN_STEP_SLEEP", "0"))
 
     for step in range(steps):
+        if pace:
+            time.sleep(pace)
         x, y = batch_for(rank, step)
         if mine and mine[0] == "nan_batch" and step == mine[2]:
             x[3, 5] = np.nan

@@ -20,3 +20,17 @@ def pynative_cpu():
         if ms.get_context("device_target") != "CPU":
             raise
     return ms
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _own_job_index(tmp_path_factory):
+    """Launches under test record their jobs in a folder of their own, never the user's
+    ~/.rankscope (children inherit the variable)."""
+    import os
+    old = os.environ.get("RANKSCOPE_HOME")
+    os.environ["RANKSCOPE_HOME"] = str(tmp_path_factory.mktemp("rankscope-home"))
+    yield
+    if old is None:
+        os.environ.pop("RANKSCOPE_HOME", None)
+    else:
+        os.environ["RANKSCOPE_HOME"] = old

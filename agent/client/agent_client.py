@@ -3,8 +3,8 @@
 The training thread only ever appends to a bounded deque (``emit``); a background thread
 owns the ZeroMQ socket and does everything else: registration, sending, heartbeats,
 reconnection, control (pause / resume / step N / terminate -> :class:`StepGate`) and
-export (bundle files -> BUNDLE_CHUNKs). When the queue is full the step is dropped and
-counted -- training never waits for the wire. Names of a dropped step are carried on the
+export (bundle files -> BUNDLE_CHUNKs). When the queue is full the oldest step is dropped
+and counted -- training never waits for the wire. Names of a dropped step are carried on the
 next one sent, and after a reconnect the whole name table is sent again, so the receiver
 can always read ids. Without a node agent the client stays silent: ``register`` returns
 None quickly and ``emit`` costs one append. The I/O thread's work is in
@@ -31,17 +31,30 @@ from rankscope.client.state import ClientState
 from rankscope.probe.gate import RankscopeTerminated, StepGate
 from rankscope.probe.sync_tracker import SyncTracker
 from rankscope.wire import protocol
-from rankscope.wire.records import StepOutput
+from rankscope.wire.records import StepBatch, StepOutput
 from rankscope.wire.transport import CurveKeys, connect_watched_dealer
 
 log = logging.getLogger(__name__)
 
+#: The in-rank buffer: enough steps to ride out a node agent restart (a second or two) at
+#: any realistic step rate, and a byte cap so a model with many tensors stays small.
+QUEUE_MAX_STEPS = 1024
+QUEUE_MAX_BYTES = 64 << 20
+
 #: How long ``register`` waits for a connection to exist before concluding there is no agent.
-CONNECT_GRACE_S = 0.5
+#: Generous: on a loaded node a local connect can take a second, and a rank that gives
+#: up too soon runs unwatched; only a rank configured for an agent ever waits.
+CONNECT_GRACE_S = 2.0
+
+
+def batch_bytes(batch: StepBatch) -> int:
+    """What a queued step holds, near enough (its arrays; names are few after step 0)."""
+    return 73 * len(batch) + 64
 
 
 class AgentClient:
-    def __init__(self, endpoint: str, job: str, gate: StepGate, *, queue_max: int = 256,
+    def __init__(self, endpoint: str, job: str, gate: StepGate, *, queue_max: int = QUEUE_MAX_STEPS,
+                 queue_max_bytes: int = QUEUE_MAX_BYTES,
                  heartbeat_s: float = 1.0, curve: CurveKeys | None = None,
                  on_export: Callable[[str | None], Iterable[Path]] | None = None,
                  dump_path: str | None = None, sync: SyncTracker | None = None) -> None:
@@ -51,12 +64,14 @@ class AgentClient:
         self._curve = curve
         src = f"rank:{socket.gethostname()}:{os.getpid()}"
         self.state = ClientState(job=job, src=src, gate=gate, queue_max=queue_max, heartbeat_s=heartbeat_s,
+                                 queue_max_bytes=queue_max_bytes,
                                  on_export=on_export,
                                  dump_path=dump_path or os.environ.get("RANKSCOPE_DUMP_PATH"), sync=sync)
         self._identity = f"{src}:{uuid.uuid4().hex[:8]}".encode()
         self._thread = threading.Thread(target=self._run, name="rankscope-agent-client", daemon=True)
         self._thread.start()
         atexit.register(self._at_exit)
+        self._chain_excepthook()
 
     # --- what the probe reads ---------------------------------------------------------
     @property
@@ -93,12 +108,18 @@ class AgentClient:
                 return  # a forked child has no I/O thread
             batch = out.batch
             st.last_step = batch.step
-            if len(st.queue) >= st.queue_max:
+            # Full (in steps, or in bytes judged by this step's size): the oldest step
+            # goes, so what is kept is the newest - the steps nearest a fault.
+            while st.queue and (len(st.queue) >= st.queue_max
+                                or (len(st.queue) + 1) * batch_bytes(batch) > st.queue_max_bytes):
+                try:
+                    old = st.queue.popleft()
+                except IndexError:  # the I/O thread took it meanwhile
+                    break
                 st.dropped += 1
-                if batch.new_names:
+                if old.new_names:
                     with st.lock:
-                        st.lost_names.update(batch.new_names)
-                return
+                        st.lost_names.update(old.new_names)
             st.queue.append(batch)
         except Exception:  # a Sink must never raise into training
             pass
@@ -135,6 +156,29 @@ class AgentClient:
         except Exception:
             pass
 
+    def _chain_excepthook(self) -> None:
+        """An uncaught exception ends the rank, but the process may take seconds more to
+        exit (non-daemon threads, runtime teardown): tell the node agent at once."""
+        prev = sys.excepthook
+
+        def hook(tp, value, tb):
+            if not issubclass(tp, (SystemExit, RankscopeTerminated)):
+                self.dying(repr(value)[:500])
+            prev(tp, value, tb)
+        sys.excepthook = hook
+
+    def dying(self, error: str) -> None:
+        """The rank is going down with ``error``: say goodbye now (the I/O thread sends it
+        after what is queued), without waiting for the interpreter's exit."""
+        st = self.state
+        if os.getpid() != st.pid or st.closing.is_set():
+            return
+        st.bye = {"ok": False, "error": error}
+        st.dying.set()
+        deadline = time.monotonic() + 1.0
+        while not st.bye_sent.is_set() and st.connected.is_set() and time.monotonic() < deadline:
+            time.sleep(0.01)
+
     def _at_exit(self) -> None:
         # An uncaught exception has been printed by now and left in sys.last_value.
         exc = getattr(sys, "last_value", None)
@@ -142,6 +186,11 @@ class AgentClient:
         self.close(timeout=1.0, ok=not failed, error=repr(exc)[:500] if failed else "")
 
     # --- I/O thread ------------------------------------------------------------------
+    def _bye(self, io: ClientIO) -> None:
+        st = self.state
+        if io.send(protocol.STATUS, {"what": "bye", "detail": {**st.bye, "step": st.last_step}}):
+            st.bye_sent.set()
+
     def _run(self) -> None:
         st = self.state
         ctx = zmq.Context()
@@ -174,9 +223,12 @@ class AgentClient:
                 if sock.poll(0 if busy else (5 if progressed else idle_ms), zmq.POLLIN):
                     io.receive()
                 progressed = io.pump() > 0 if watch.connected else None
+                if st.dying.is_set() and not st.bye_sent.is_set() and watch.connected and not st.queue:
+                    self._bye(io)
             if watch.connected:
                 io.pump()
-                io.send(protocol.STATUS, {"what": "bye", "detail": {**st.bye, "step": st.last_step}})
+                if not st.bye_sent.is_set():
+                    self._bye(io)
         except Exception:
             log.exception("rankscope: node agent client stopped")
         finally:

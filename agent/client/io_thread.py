@@ -101,9 +101,10 @@ class ClientIO:
         c = self.c
         n = 0
         for _ in range(64):
-            if not c.queue:
+            try:
+                batch = c.queue.popleft()  # atomic: the training thread may drop the oldest meanwhile
+            except IndexError:
                 break
-            batch = c.queue[0]
             msg = protocol.step_message(batch, c.src, 0)
             msg.job = c.job
             if c.assigned is not None:
@@ -121,11 +122,12 @@ class ClientIO:
             try:
                 self.sock.send(encode(msg), zmq.NOBLOCK)
             except zmq.Again:
-                # Keep the names we took for the next attempt; the seq is simply skipped.
+                # Back to the front for the next attempt, keeping the names we took; the
+                # seq is simply skipped.
+                c.queue.appendleft(batch)
                 with c.lock:
                     c.lost_names.update(names)
                 break
-            c.queue.popleft()
             c.sent += 1
             n += 1
             self.resend_names = False
@@ -177,6 +179,8 @@ class ClientIO:
         self.next_beat = now + c.heartbeat_s
         self.last_beat = now
         body = {"rank": rank_to_wire(c.rank), "step": step, "state": state, "pid": c.pid}
+        if c.dropped:
+            body["dropped"] = c.dropped
         if tracker is not None:
             self.sync_seen = tracker.changes
             latest = tracker.latest

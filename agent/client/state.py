@@ -26,6 +26,7 @@ class ClientState:
     gate: StepGate
     queue_max: int
     heartbeat_s: float
+    queue_max_bytes: int = 64 << 20
     on_export: Callable[[str | None], Iterable[Path]] | None = None
     #: For ``rankscope collect``: where this rank's msProbe-layout dump is.
     dump_path: str | None = None
@@ -37,7 +38,7 @@ class ClientState:
     lock: threading.Lock = field(default_factory=threading.Lock)
     #: Export/collect threads -> I/O thread: ("chunk"|"status", body) items.
     outbox: queue.Queue = field(default_factory=lambda: queue.Queue(maxsize=16))
-    dropped: int = 0  # training thread: steps dropped because the queue was full
+    dropped: int = 0  # training thread: oldest steps dropped because the queue was full
     sent: int = 0  # I/O thread
     last_step: int = -1  # training thread: the newest step handed to the client
     claim: RankClaim | None = None  # set by register()
@@ -47,6 +48,9 @@ class ClientState:
     registered: threading.Event = field(default_factory=threading.Event)
     connected: threading.Event = field(default_factory=threading.Event)
     closing: threading.Event = field(default_factory=threading.Event)
+    #: An uncaught exception is ending the rank: the goodbye goes out before the exit.
+    dying: threading.Event = field(default_factory=threading.Event)
+    bye_sent: threading.Event = field(default_factory=threading.Event)
     bye: dict = field(default_factory=lambda: {"ok": True, "error": ""})
     #: The training thread's collective positions, reported with every heartbeat.
     sync: SyncTracker | None = None

@@ -175,8 +175,12 @@ class NodeCore:
                 entry.extra["exception"] = str(detail.get("error") or "uncaught exception")[:300]
             if entry.host != self.host:
                 self._end(entry, None)  # no process to watch: the goodbye is all we get
-            # A local process is judged when it has ended: its exit status can still say
-            # it failed (sys.exit(1) after a clean goodbye).
+            elif "exception" in entry.extra:
+                # Dying of an uncaught exception: lost now, though the process may take
+                # seconds to exit (its threads, the runtime's teardown).
+                self._seen_dead(entry, Lost(entry, None, "exited"), self.clock())
+            # Otherwise a local process is judged when it has ended: its exit status can
+            # still say it failed (sys.exit(1) after a clean goodbye).
         elif entry is not None and what == "export_none":
             # The rank has no bundle of its own: send what this agent saw of it.
             detail = msg.body.get("detail") or {}

@@ -1,8 +1,9 @@
 """``rankscope status|pause|resume|step N|terminate|export|collect`` against a running coordinator.
 
-Connects to the Ray cluster (``--address``, default: the running local one) and
-finds the coordinator actor by name (``--name``; default: the only actor named
-``rankscope*`` in ``--namespace``). ``main(argv)`` gets the verb as ``argv[0]``
+Connects to the Ray cluster (``--address``; default: the one recorded by the rankscope
+job running on this machine, see :mod:`~rankscope.coordinator.server.job_index`) and
+finds the coordinator actor by name (``--name``; default: the job's, else the only actor
+named ``rankscope*`` in ``--namespace``). ``main(argv)`` gets the verb as ``argv[0]``
 (the dispatcher puts it there).
 """
 from __future__ import annotations
@@ -20,7 +21,9 @@ VERBS = ("status", "pause", "resume", "step", "terminate", "export", "collect")
 
 def build_parser(verb: str) -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog=f"rankscope {verb}")
-    ap.add_argument("--address", default="auto", help="Ray cluster address (default: auto)")
+    ap.add_argument("--address", default=None,
+                    help="Ray cluster address (default: the cluster of the rankscope job running on this "
+                         "machine, --job picking one when there are several)")
     ap.add_argument("--name", default=None, help="coordinator actor name (default: the only rankscope* actor)")
     ap.add_argument("--namespace", default=DEFAULT_NAMESPACE)
     ap.add_argument("--job", default=None, help="job id, when the coordinator serves several")
@@ -84,10 +87,15 @@ def main(argv: list[str]) -> int:
         print(f"rankscope step: N must be >= 1, got {args.n}", file=sys.stderr)
         return 2
     from rankscope.coordinator.server.client import Coordinator, CoordinatorError, connect_ray
+    from rankscope.coordinator.server.job_index import NoSuchJob, pick
     try:
+        if args.address is None and not _ray_connected():
+            rec = pick(args.job)
+            args.address, args.namespace = rec.address, rec.namespace
+            args.name = args.name or rec.name
         connect_ray(args.address, args.namespace)
         coord = Coordinator.find(args.name, args.namespace, job=args.job)
-    except CoordinatorError as exc:
+    except (CoordinatorError, NoSuchJob) as exc:
         print(f"rankscope {verb}: {exc}", file=sys.stderr)
         return 1
     try:
@@ -111,6 +119,12 @@ def main(argv: list[str]) -> int:
     if verb == "collect" and not args.no_wait:
         return _follow_collect(coord, args.timeout)
     return 0
+
+
+def _ray_connected() -> bool:
+    """Called in a process already on a Ray cluster (a notebook, a test): use that one."""
+    import ray
+    return ray.is_initialized()
 
 
 def _describe(verb: str, a: dict) -> str:

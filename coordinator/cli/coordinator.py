@@ -1,7 +1,7 @@
 """``rankscope coordinator``: start (or join) the coordinator actor on a Ray cluster.
 
-Joins the Ray cluster at ``--address`` (default: a running local one, else a new
-local Ray), starts the named actor (or finds it already running) and prints the
+Joins the Ray cluster at ``--address`` (``auto``: the one Ray started last on this
+machine; default: a new private local Ray, never another job's by chance), starts the named actor (or finds it already running) and prints the
 endpoint node agents connect to (``rankscope agent --coordinator ENDPOINT``).
 ``--detached`` leaves the actor running after this command exits; otherwise it
 serves until Ctrl-C / SIGTERM. Incident state lives under ``--export-dir``
@@ -11,6 +11,7 @@ picks its incidents up where they were.
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import subprocess
 import sys
@@ -24,7 +25,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="rankscope coordinator", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--address", default=None,
-                    help="Ray cluster address (default: join a running local cluster, else start one)")
+                    help="Ray cluster address, or 'auto' for the running local one "
+                         "(default: start a private local Ray)")
     ap.add_argument("--export-dir", type=Path, default=Path("rankscope-out"),
                     help="where incidents/ and dumps/ are written (default: ./rankscope-out)")
     ap.add_argument("--config", type=Path, default=None, help="config.json whose \"cluster\" section applies")
@@ -62,24 +64,19 @@ def curve_keys(secret: Path | None, allow_dir: Path | None) -> dict | None:
 
 
 def connect_ray(address: str | None, namespace: str, detached: bool) -> None:
-    """Join ``address`` (or a running local cluster); else start one. A detached
-    coordinator needs a cluster that outlives this command, so then a Ray head is
-    started with ``ray start --head`` rather than inside this process."""
+    """Join ``address``, or start a private Ray. A detached coordinator needs a cluster
+    that outlives this command, so then a Ray head is started with ``ray start --head``
+    (on a free port) rather than inside this process."""
     import ray
     if ray.is_initialized():
         return
-    if address is None:
-        try:
-            ray.init(address="auto", namespace=namespace, log_to_driver=False)
-            return
-        except (ConnectionError, RuntimeError):
-            pass  # no running cluster
-        if detached:
-            ray_cli = Path(sys.executable).with_name("ray")
-            subprocess.run([str(ray_cli), "start", "--head", "--include-dashboard=false", "--disable-usage-stats"],
-                           check=True, stdout=subprocess.DEVNULL)
-            ray.init(address="auto", namespace=namespace, log_to_driver=False)
-            return
+    if address is None and detached:
+        from rankscope.coordinator.cli.demo import free_port
+        port = free_port()
+        ray_cli = Path(sys.executable).with_name("ray")
+        subprocess.run([str(ray_cli), "start", "--head", f"--port={port}", "--include-dashboard=false",
+                        "--disable-usage-stats"], check=True, stdout=subprocess.DEVNULL)
+        address = f"127.0.0.1:{port}"
     from rankscope.coordinator.server.client import connect_ray as join
     join(address, namespace)
 
@@ -110,12 +107,17 @@ def main(argv: list[str]) -> int:
         return 1
     if args.endpoint_file is not None:
         args.endpoint_file.write_text(endpoint + "\n")
+    from rankscope.coordinator.server import job_index
+    listed = job_index.record(job_index.JobRecord(
+        job=args.job or "*", address=ray_address() or "", namespace=args.namespace, name=args.name,
+        pid=os.getpid(), export_dir=str(export_dir))) if not args.detached else None
     print(f"rankscope coordinator {args.namespace}/{args.name} listening on {endpoint} "
           f"(Ray {ray_address()})", flush=True)
     print(f"  export dir: {export_dir}; incidents on disk: {len(restored)}", flush=True)
     print(f"  node agents: rankscope agent --coordinator {endpoint} ...", flush=True)
     if args.detached:
-        print("  detached: it keeps running; `rankscope status` talks to it, `ray stop` ends it", flush=True)
+        print(f"  detached: it keeps running; `rankscope status --address {ray_address()}` talks to it, "
+              "`ray stop` ends it", flush=True)
         return 0
     try:
         while not stop.wait(2.0):
@@ -123,5 +125,6 @@ def main(argv: list[str]) -> int:
                 print("rankscope coordinator: the coordinator actor is unreachable", file=sys.stderr)
                 return 1
     finally:
+        job_index.forget(listed)
         coord.stop()
     return 0

@@ -39,6 +39,9 @@ class Launch:
         self.cmd_proc: subprocess.Popen | None = None
         self.coordinator = None
         self.started_ray = False
+        self._agent_cmd: list[str] = []
+        self.listed: Path | None = None  # this job's record in the machine's job index
+        self.agent_downs: list[list] = []  # [how it died, seconds until it was back]
         self.say = (lambda *_: None) if args.quiet else (lambda msg: print(f"[rankscope] {msg}", flush=True))
 
     # --- start -----------------------------------------------------------------
@@ -48,29 +51,58 @@ class Launch:
         self.coordinator = Coordinator.start(str(self.export_dir), self.cluster, job=self.job,
                                              name=f"rankscope-{self.job}")
         endpoint = self.coordinator.endpoint()
+        from rankscope.coordinator.server import job_index
+        from rankscope.coordinator.server.client import ray_address
+        self.listed = job_index.record(job_index.JobRecord(
+            job=self.job, address=ray_address() or "", namespace=self.coordinator.namespace,
+            name=self.coordinator.name, pid=os.getpid(), export_dir=str(self.export_dir)))
         self.say(f"coordinator up on {endpoint} (job {self.job}, on divergence: "
                  f"{self.cluster['on_divergence']})")
         return endpoint
 
     def start_agent(self, coordinator_endpoint: str) -> str:
         listen = f"ipc://{self.runtime_dir}/agent.sock"
-        cmd = [sys.executable, "-m", "rankscope", "agent", "--coordinator", coordinator_endpoint,
-               "--listen", listen, "--job", self.job, "--spool", str(self.runtime_dir / "spool"),
-               "--bundle-dir", str(self.export_dir / "agent_bundles")]
-        log = open(self.export_dir / "node_agent.log", "ab")
-        self.agent_proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                           start_new_session=True)
+        self._agent_cmd = [sys.executable, "-m", "rankscope", "agent", "--coordinator", coordinator_endpoint,
+                           "--listen", listen, "--job", self.job, "--spool", str(self.runtime_dir / "spool"),
+                           "--bundle-dir", str(self.export_dir / "agent_bundles")]
+        self._spawn_agent()
+        self.say(f"node agent listening on {listen}")
+        return listen
+
+    def _spawn_agent(self) -> None:
         sock = self.runtime_dir / "agent.sock"
-        deadline = time.monotonic() + 20
+        sock.unlink(missing_ok=True)  # a dead agent's socket file: wait for the new one
+        log = open(self.export_dir / "node_agent.log", "ab")
+        self.agent_proc = subprocess.Popen(self._agent_cmd, stdout=log, stderr=subprocess.STDOUT,
+                                           start_new_session=True)
+        log.close()
+        started = time.monotonic()
         while not sock.exists():
             if self.agent_proc.poll() is not None:
                 raise SystemExit(f"rankscope launch: the node agent exited with {self.agent_proc.returncode}; "
                                  f"see {self.export_dir / 'node_agent.log'}")
-            if time.monotonic() > deadline:
+            if time.monotonic() - started > 20:
                 raise SystemExit("rankscope launch: the node agent did not start listening within 20 s")
             time.sleep(0.05)
-        self.say(f"node agent listening on {listen}")
-        return listen
+
+    def _supervise_agent(self) -> None:
+        """The node agent died under the job: start it again on the same endpoint and
+        spool. Ranks reconnect by themselves and send what they buffered meanwhile."""
+        if self.agent_proc is None or self.agent_proc.poll() is None:
+            return
+        rc = self.agent_proc.returncode
+        how = f"killed by {signal.Signals(-rc).name}" if rc < 0 and -rc in signal.valid_signals() else f"exit {rc}"
+        down_at = time.monotonic()
+        self.say(f"WARNING: the node agent died ({how}); restarting it on the same endpoint")
+        self.agent_downs.append([how, 0.0])
+        try:
+            self._spawn_agent()
+        except SystemExit as exc:
+            self.say(f"WARNING: could not restart the node agent: {exc}; the rest of this run is not watched")
+            self.agent_proc = None
+            return
+        self.agent_downs[-1][1] = time.monotonic() - down_at
+        self.say(f"node agent back after {self.agent_downs[-1][1]:.1f} s")
 
     def run_command(self, agent_endpoint: str) -> int:
         settings = AttachSettings(job=self.job, agent_endpoint=agent_endpoint,
@@ -91,6 +123,7 @@ class Launch:
             if self.coordinator is None:  # --agent: the cluster's coordinator reports
                 time.sleep(0.5)
                 continue
+            self._supervise_agent()
             try:
                 status = self.coordinator.status(timeout=10)
             except Exception as exc:  # a slow status must not stop the launch
@@ -114,15 +147,30 @@ class Launch:
                      f"(rankscope status --job {self.job})")
             return rc
         incidents = self.coordinator.drain(30.0)
+        watched = self.watched_line()
         if not incidents:
-            self.say(f"no divergence found; command exited with {rc}")
+            self.say(f"no divergence found in what was watched; command exited with {rc}")
+            self.say(watched)
             return rc
+        self.say(watched)
         for inc in incidents:
             print(format_verdict(inc), flush=True)
         # A job that failed after rankscope terminated it failed *because* of the incident.
         terminated = any(inc.get("policy") == "terminate" or inc.get("state") == "terminated"
                          for inc in incidents)
         return INCIDENT_EXIT if terminated and rc != 0 else rc
+
+    def watched_line(self) -> str:
+        """What the verdict (or its absence) covers, from the coordinator's coverage."""
+        from rankscope.coordinator.logic.coverage import describe
+        try:
+            report = (self.coordinator.status(timeout=10).get("coverage") or {}).get(self.job)
+        except Exception as exc:  # the verdict is already out; say what is unknown
+            return f"coverage unknown: {exc}"
+        line = describe(report) if report else "nothing watched: no rank reached the coordinator"
+        for how, back in self.agent_downs:
+            line += f"; node agent {how}, down {back:.1f} s"
+        return line
 
     def signal_tree(self, sig: int) -> None:
         for proc in (self.cmd_proc,):
@@ -133,6 +181,8 @@ class Launch:
                     pass
 
     def cleanup(self) -> None:
+        from rankscope.coordinator.server import job_index
+        job_index.forget(self.listed)
         self.signal_tree(signal.SIGTERM)
         if self.agent_proc is not None and self.agent_proc.poll() is None:
             self.agent_proc.terminate()

@@ -25,6 +25,7 @@ from rankscope.coordinator.logic.aligner import (
     StepAligner,
     StepView,
 )
+from rankscope.coordinator.logic.coverage import Coverage
 from rankscope.coordinator.logic.detector_set import build_step_detectors
 from rankscope.coordinator.logic.detectors.progress import ProgressDetector
 from rankscope.coordinator.logic.failures import Death, FailureJudge
@@ -57,6 +58,7 @@ class CoordinatorCore:
         self.progress = ProgressDetector(settings.detectors.progress)
         self.failures = FailureJudge(settings.failure_settle_s, settings.teardown_window_s, settings.hang_timeout_s)
         self.series = SeriesRecorder()
+        self.coverage = Coverage()
         self.rank_maps: dict[str, list[dict[str, Any]]] = {}
         self.verdicts: collections.deque[Verdict] = collections.deque(maxlen=1000)
         self._quiet: dict[tuple, float] = {}
@@ -91,10 +93,13 @@ class CoordinatorCore:
             ingest(b, now)
 
     def on_heartbeat(self, job: str, rank: int | None, step: int, state: str,
-                     sync: SyncPoint | None = None) -> None:
-        """``sync``: the rank's newest sync point, already on the coordinator's clock."""
+                     sync: SyncPoint | None = None, dropped: int | None = None) -> None:
+        """``sync``: the rank's newest sync point, already on the coordinator's clock;
+        ``dropped``: how many steps the rank's client has dropped so far."""
         if rank is None:
             return
+        if dropped:
+            self.coverage.dropped(job, rank, dropped)
         rec = self.aligner.rank(job, rank)
         rec.last_seen, rec.heartbeat_step = self.clock(), step
         if sync is not None and (rec.sync is None or (sync.key(), sync.phase != "in") >= (rec.sync.key(),
@@ -190,6 +195,7 @@ class CoordinatorCore:
             found += self.progress.missing(view, grp.members, self.settings.deadline_s)
             self._stall(grp.job, view.missing)
         self.series.add(view)
+        self.coverage.judged(view.job, view.step, view.ranks[view.reported].tolist())
         view.prev = None  # keep one step of history, not a chain
         grp.prev = view
         return found
@@ -245,6 +251,14 @@ class CoordinatorCore:
         return jobs[0]
 
     # --- reporting ----------------------------------------------------------------
+    def coverage_report(self, job: str) -> dict[str, Any]:
+        """Which steps of which ranks were seen and judged (see :mod:`.coverage`)."""
+        ends = {}
+        for (j, rank), rec in self.aligner.ranks.items():
+            if j == job:
+                ends[rank] = rec.last_step if rec.state is RankState.LOST else None
+        return self.coverage.report(job, ends)
+
     def documents(self) -> list[dict[str, Any]]:
         """Every incident as users read it (incident.json's fields, plus ``dir``)."""
         return self.book.documents()

@@ -31,7 +31,9 @@ def connect_ray(address: str | None, namespace: str = DEFAULT_NAMESPACE, *, num_
         return False
     opts: dict[str, Any] = dict(namespace=namespace, log_to_driver=False, configure_logging=False)
     if address is None:
-        ray.init(include_dashboard=False, num_cpus=num_cpus, **opts)
+        # "local", not None: None would join whatever cluster RAY_ADDRESS or Ray's
+        # last-started record points at, i.e. another job's.
+        ray.init(address="local", include_dashboard=False, num_cpus=num_cpus, **opts)
         return True
     try:
         ray.init(address=address, **opts)

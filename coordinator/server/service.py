@@ -7,6 +7,7 @@ the core or the socket runs on the front end's loop thread (via
 """
 from __future__ import annotations
 
+import json
 import logging
 import time
 from pathlib import Path
@@ -70,7 +71,8 @@ class CoordinatorService(Handlers):
         if t == protocol.HEARTBEAT:
             sync = SyncPoint.from_wire(b.get("sync"))
             self.core.on_heartbeat(job, rank_from_wire(b["rank"]), b["step"], b["state"],
-                                   sync.shifted(peer.clock.offset) if sync is not None else None)
+                                   sync.shifted(peer.clock.offset) if sync is not None else None,
+                                   dropped=b.get("dropped"))
         elif t == protocol.REGISTER:
             # The node agent forwards each registration with the id it assigned.
             rank = rank_from_wire(b.get("assigned_rank"))
@@ -164,7 +166,12 @@ class CoordinatorService(Handlers):
             "rejected": dict(self.frontend.decoder.rejected), "duplicates": self.frontend.replay.duplicates,
             "first_step_wall": self.frontend.first_step_wall, "last_step_wall": self.frontend.last_step_wall,
             "collect": self.collector.progress() if self.collector is not None else None,
+            "coverage": self._coverage(),
         }
+
+    def _coverage(self) -> dict[str, dict]:
+        jobs = {j for j, _ in self.core.aligner.ranks}
+        return {j: self.core.coverage_report(j) for j in sorted(jobs) if self.job is None or j == self.job}
 
     def incidents(self) -> list[dict]:
         return self.frontend.call_sync(self._incidents)
@@ -220,7 +227,19 @@ class CoordinatorService(Handlers):
             time.sleep(0.05)
         self.frontend.call_sync(self._write_now)
         self.actions.flush(timeout_s)
+        self._write_coverage()
         return self.incidents()
+
+    def _write_coverage(self) -> None:
+        """coverage.json: what every verdict of this run (or its absence) stands on."""
+        from rankscope.coordinator.logic.coverage import describe
+        from rankscope.wire.atomic import atomic_write_bytes
+        reports = self.frontend.call_sync(self._coverage)
+        doc = {"jobs": {j: {**r, "summary": describe(r)} for j, r in reports.items()}}
+        try:
+            atomic_write_bytes(self.export_dir / "coverage.json", json.dumps(doc, indent=1).encode())
+        except OSError as exc:
+            log.warning("could not write coverage.json: %s", exc)
 
     def _write_now(self) -> None:
         """Out of time (the job is over): time out what still waits for pauses or bundles,

@@ -12,7 +12,7 @@ import pytest
 import zmq
 from node_harness import ROOT, FakeCoordinator, free_port, start_agent, stop
 
-from rankscope.client.agent_client import AgentClient, RankClaim
+from rankscope.client.agent_client import AgentClient, RankClaim, batch_bytes
 from rankscope.probe.gate import GateState, RankscopeTerminated, StepGate
 from rankscope.rdr.transfer import BundleAssembler
 from rankscope.wire import protocol
@@ -105,18 +105,32 @@ def test_names_of_dropped_steps_arrive_with_the_next_sent_step():
     ep = f"tcp://127.0.0.1:{free_port()}"
     c = AgentClient(ep, "j", StepGate(), queue_max=3)
     try:
-        for out in _outs(10, NameTable()):  # nobody listens yet: 3 queued, 7 dropped
+        for out in _outs(10, NameTable()):  # nobody listens yet: the newest 3 kept, 7 dropped
             c.emit(out)
         assert c.dropped == 7
         stub = StubAgent(ep)
-        steps = stub.pump(lambda m: m.type == protocol.STEP and m.body["step"] == 2)
+        steps = stub.pump(lambda m: m.type == protocol.STEP and m.body["step"] == 9)
         steps = [m for m in steps if m.type == protocol.STEP]
-        assert [m.body["step"] for m in steps] == [0, 1, 2]
+        # The steps nearest now are the ones a fault is in: the oldest went.
+        assert [m.body["step"] for m in steps] == [7, 8, 9]
         names = {}
         for m in steps:
             names.update(m.body["new_names"])
         assert set(names.values()) == {"shared"} | {f"t{i}" for i in range(10)}
         stub.close()
+    finally:
+        c.close(timeout=0.2)
+
+
+def test_the_byte_cap_bounds_the_buffer_and_drops_the_oldest():
+    ep = f"tcp://127.0.0.1:{free_port()}"
+    one = batch_bytes(next(_outs(1, NameTable(), new_each_step=False)).batch)
+    c = AgentClient(ep, "j", StepGate(), queue_max=1000, queue_max_bytes=4 * one)
+    try:
+        for out in _outs(10, NameTable(), new_each_step=False):
+            c.emit(out)
+        assert (c.dropped, len(c.state.queue)) == (6, 4)
+        assert [b.step for b in c.state.queue] == [6, 7, 8, 9]
     finally:
         c.close(timeout=0.2)
 
@@ -245,6 +259,32 @@ def test_process_exit_says_goodbye_and_an_uncaught_exception_is_a_loss(tmp_path)
     finally:
         stop(agent)
         coord.close()
+
+
+_LINGER = """
+import sys, threading, time
+from rankscope.client.agent_client import AgentClient, RankClaim
+from rankscope.probe.gate import StepGate
+c = AgentClient(sys.argv[1], "j", StepGate())
+c.register(RankClaim.here(0, world_size=1), timeout=10.0)
+threading.Thread(target=time.sleep, args=(30,)).start()  # non-daemon: the exit waits for it
+raise RuntimeError("boom while a worker thread runs")
+"""
+
+
+def test_an_uncaught_exception_says_goodbye_before_the_process_can_exit(tmp_path):
+    ep = f"ipc://{tmp_path}/a.sock"
+    stub = StubAgent(ep)
+    proc = subprocess.Popen([sys.executable, "-c", _LINGER, ep], cwd=ROOT, stderr=subprocess.PIPE, text=True)
+    try:
+        msgs = stub.pump(lambda m: m.type == protocol.STATUS and m.body["what"] == "bye", timeout=30)
+        byes = [m.body["detail"] for m in msgs if m.type == protocol.STATUS and m.body["what"] == "bye"]
+        assert byes and byes[0]["ok"] is False and "boom while a worker thread runs" in byes[0]["error"]
+        assert proc.poll() is None  # still inside its 30 s thread: the goodbye did not wait for the exit
+    finally:
+        proc.kill()
+        proc.wait()
+        stub.close()
 
 
 def test_collect_streams_this_ranks_selected_dump_files(tmp_path):

@@ -157,7 +157,7 @@ def test_export_of_a_lost_rank_is_answered_from_the_agent_flight_recorder(tmp_pa
     assert any(m.body["path"].endswith("manifest.json") and m.body["final"] for m in chunks)
 
 
-def test_a_clean_goodbye_finishes_the_rank_and_an_uncaught_exception_loses_it(tmp_path):
+def test_a_clean_goodbye_waits_for_the_exit_and_an_uncaught_exception_is_a_loss_at_once(tmp_path):
     core, world = make(tmp_path)
     register(core, b"a", 11, 0, world_size=2)
     register(core, b"b", 12, 1, world_size=2)
@@ -165,22 +165,27 @@ def test_a_clean_goodbye_finishes_the_rank_and_an_uncaught_exception_loses_it(tm
     core.take()
     bye = lambda pid, ok, seq: encode(Message(protocol.STATUS, "j", f"rank:h:{pid}", seq, {  # noqa: E731
         "what": "bye", "detail": {"ok": ok, "error": "" if ok else "ValueError('boom')", "step": 4}}))
+    raised_at = core.wall()
     core.on_rank_frame(b"a", bye(11, True, 9))
     core.on_rank_frame(b"b", bye(12, False, 9))
     assert not [m for m in up_messages(core.take()) if m.type in (protocol.RANK_LOST, protocol.STATUS)]
-    # Local processes are judged when they end: then exit 0 after a clean goodbye, 1 after the exception.
+    # The raising rank's process lingers (its threads, the runtime's teardown): it is
+    # lost after the grace anyway, dated when it said so. The clean one waits for its exit.
+    world.t += EXIT_GRACE_S + 0.01
+    core.tick()
+    lost = [m.body for m in up_messages(core.take()) if m.type == protocol.RANK_LOST]
+    assert [(b["rank"], b["reason"], b["exit_status"], b["exception"]) for b in lost] == \
+        [(1, "raised: ValueError('boom')", None, "ValueError('boom')")]
+    assert abs(lost[0]["died_at"] - raised_at) < 1.0
     world.kill(11, 0)
-    world.kill(12, 1 << 8)
+    world.kill(12, 1 << 8)  # its exit, later, changes nothing
     ups = []
     for _ in range(2):
         world.t += EXIT_GRACE_S + 0.01
         core.tick()
         ups += up_messages(core.take())
-    finished = [m.body for m in ups if m.type == protocol.STATUS and m.body["what"] == "finished"]
-    lost = [m.body for m in ups if m.type == protocol.RANK_LOST]
-    assert [d["detail"]["rank"] for d in finished] == [0]
-    assert [(b["rank"], b["reason"], b["exit_status"], b["exception"]) for b in lost] == \
-        [(1, "raised: ValueError('boom')", 1, "ValueError('boom')")]
+    assert [m.body["detail"]["rank"] for m in ups if m.type == protocol.STATUS and m.body["what"] == "finished"] == [0]
+    assert not [m for m in ups if m.type == protocol.RANK_LOST]
 
 
 def test_after_a_reconnect_the_registrations_and_name_tables_are_owed_again(tmp_path):

@@ -3,6 +3,7 @@ actor in a real local Ray, with a scripted node agent on a real socket answering
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -151,6 +152,39 @@ def test_real_cli_process_finds_the_coordinator_by_address(cluster):
                           "--namespace", NS, "--json"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert json.loads(out.stdout.strip().splitlines()[-1])["endpoint"] == ray.get(h.endpoint.remote())
+
+
+def test_without_address_the_cli_reaches_the_job_recorded_on_this_machine_and_refuses_ambiguity(
+        cluster, tmp_path, monkeypatch):
+    from rankscope.coordinator.server import job_index
+    h, _, export_dir = cluster
+    gcs = ray.get_runtime_context().gcs_address
+    monkeypatch.setenv("RANKSCOPE_HOME", str(tmp_path))  # this test's own index, for it and its children
+
+    def status(*extra):
+        return subprocess.run([sys.executable, "-m", "rankscope", "status", "--json", *extra], cwd=ROOT,
+                              capture_output=True, text=True, timeout=120)
+
+    none = status()
+    assert none.returncode == 1 and "no running rankscope job on this machine" in none.stderr
+    # Records as a launch writes them, owned by live processes of ours.
+    owner = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        job_index.record(job_index.JobRecord("jobE", gcs, NS, "rankscope-cli", owner.pid, str(export_dir)))
+        one = status()
+        assert one.returncode == 0, one.stderr[-2000:]
+        assert json.loads(one.stdout.strip().splitlines()[-1])["endpoint"] == ray.get(h.endpoint.remote())
+        job_index.record(job_index.JobRecord("jobF", "127.0.0.1:1", NS, "rankscope-jobF", os.getpid(), "/elsewhere"))
+        two = status()
+        assert two.returncode == 1 and "2 rankscope jobs" in two.stderr and "jobF" in two.stderr
+        picked = status("--job", "jobE")
+        assert picked.returncode == 0, picked.stderr[-2000:]
+    finally:
+        owner.kill()
+        owner.wait()
+    # Its owner gone, the record is stale: it no longer counts.
+    gone = status("--job", "jobE")
+    assert gone.returncode == 1 and "no running job 'jobE'" in gone.stderr
 
 
 def test_no_coordinator_is_a_clear_error(cluster, capsys):

@@ -1,0 +1,77 @@
+"""Coverage: every (rank, step) is either judged or named as not seen, and the one-line
+summary never hides a gap (pure logic, scripted clock)."""
+from __future__ import annotations
+
+import random
+
+from logic_helpers import FakeClock, feed_step
+
+from rankscope.coordinator.logic.core import CoordinatorCore
+from rankscope.coordinator.logic.coverage import Coverage, StepRanges, describe
+from rankscope.coordinator.logic.synthetic import SyntheticTraining
+
+
+def test_step_ranges_merge_in_any_order_and_name_the_gaps():
+    steps = [s for s in range(40) if s not in (5, 6, 7, 20)]
+    random.Random(3).shuffle(steps)
+    r = StepRanges()
+    for s in steps + steps[:5]:  # duplicates change nothing
+        r.add(s)
+    assert r.ranges() == [(0, 4), (8, 19), (21, 39)]
+    assert len(r) == 36
+    assert r.missing(0, 45) == [(5, 7), (20, 20), (40, 45)]
+    assert r.missing(8, 19) == []
+    assert StepRanges().missing(2, 3) == [(2, 3)]
+
+
+def test_a_complete_run_is_said_complete():
+    cov = Coverage()
+    for step in range(16):
+        cov.judged("j", step, range(4))
+    rep = cov.report("j", {r: None for r in range(4)})
+    assert rep["complete"] and rep["steps"] == [0, 15]
+    assert describe(rep) == "watched steps 0-15 on 4/4 ranks"
+
+
+def test_a_gap_a_silent_rank_and_drops_are_all_named():
+    cov = Coverage()
+    for step in range(16):
+        cov.judged("j", step, [r for r in range(3) if not (r == 2 and 4 <= step <= 9)])
+    cov.dropped("j", 2, 212)
+    rep = cov.report("j", {r: None for r in range(4)})
+    assert not rep["complete"]
+    line = describe(rep)
+    assert line.startswith("watched steps 0-15 on 3/4 ranks")
+    assert "rank 2 steps 4-9 not seen (212 step(s) dropped in the rank)" in line
+    assert "rank 3 not seen at all" in line
+
+
+def test_a_lost_rank_is_only_expected_up_to_its_end():
+    cov = Coverage()
+    for step in range(10):
+        cov.judged("j", step, [0, 1] if step > 5 else [0, 1, 2])
+    assert cov.report("j", {0: None, 1: None, 2: 5})["complete"]
+    assert "rank 2 steps 6-7 not seen" in describe(cov.report("j", {0: None, 1: None, 2: 7}))
+
+
+def test_nothing_seen_is_not_called_watched():
+    rep = Coverage().report("j", {0: None, 1: None})
+    assert rep["steps"] is None and not rep["complete"]
+    assert describe(rep).startswith("nothing watched")
+
+
+def test_the_core_marks_what_it_judged_and_the_ranks_missing_by_the_deadline():
+    clock = FakeClock()
+    core = CoordinatorCore({"on_divergence": "continue", "deadline_s": 1.0,
+                            "detectors": {"progress": {"enabled": False}}}, clock=clock)
+    synth = SyntheticTraining(ranks=4, tensors=8, job="j", seed=1)
+    for r in range(4):
+        core.on_register("j", r, {"world_size": 4})
+    for step in range(8):
+        batches = [b for b in synth.batches(step) if not (b.rank == 1 and step in (3, 4))]
+        feed_step(core, clock, batches, dt=1.5)  # past the deadline: judged without rank 1
+    core.on_heartbeat("j", 1, 7, "running", dropped=2)
+    core.drain()
+    rep = core.coverage_report("j")
+    assert rep["steps"] == [0, 7]
+    assert rep["not_seen"] == [{"rank": 1, "steps": [[3, 4]], "dropped_steps": 2}]
