@@ -16,6 +16,8 @@ import ray
 
 DEFAULT_NAME = "rankscope"
 DEFAULT_NAMESPACE = "rankscope"
+#: How often Ray brings a dead coordinator back before giving up on it.
+MAX_RESTARTS = 5
 
 log = logging.getLogger(__name__)
 
@@ -74,14 +76,29 @@ def start_coordinator(export_dir: str, cluster: dict, *, name: str = DEFAULT_NAM
         handle = ray.get_actor(name, namespace=namespace)
         log.info("joining running coordinator %s/%s", namespace, name)
     except ValueError:
+        # Ray restarts a dead coordinator (its process killed, its node lost) with the same
+        # arguments: on a concrete port it binds the endpoint the agents already know, and
+        # they reconnect and replay what it did not confirm.
+        bind = concrete_bind(bind)
         opts: dict[str, Any] = dict(name=name, namespace=namespace, max_concurrency=8, num_cpus=0,
-                                    get_if_exists=True)
+                                    get_if_exists=True, max_restarts=MAX_RESTARTS, max_task_retries=2)
         if detached:
             opts["lifetime"] = "detached"
         handle = ray.remote(_CoordinatorActor).options(**opts).remote(
             str(export_dir), dict(cluster or {}), bind, job, curve)
     ray.get(handle.endpoint.remote())  # surfaces a bind or settings error here, not later
     return handle
+
+
+def concrete_bind(bind: str) -> str:
+    """``tcp://host:0`` with a free port filled in (other endpoints unchanged)."""
+    if not (bind.startswith("tcp://") and bind.rsplit(":", 1)[-1] in ("0", "*")):
+        return bind
+    import socket
+    host = bind[len("tcp://"):].rsplit(":", 1)[0]
+    with socket.socket(socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET) as s:
+        s.bind((host.strip("[]") if host != "*" else "", 0))
+        return f"tcp://{host}:{s.getsockname()[1]}"
 
 
 def get_coordinator(name: str = DEFAULT_NAME, namespace: str = DEFAULT_NAMESPACE) -> "ray.actor.ActorHandle":

@@ -8,6 +8,7 @@ remote traceback.
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
 from rankscope.coordinator.server.actor import DEFAULT_NAME, DEFAULT_NAMESPACE
@@ -35,12 +36,29 @@ def connect_ray(address: str | None, namespace: str = DEFAULT_NAMESPACE, *, num_
         # last-started record points at, i.e. another job's.
         ray.init(address="local", include_dashboard=False, num_cpus=num_cpus, **opts)
         return True
+    _token_auth_if_available()
     try:
         ray.init(address=address, **opts)
     except (ConnectionError, RuntimeError, ValueError) as exc:
         raise CoordinatorError(f"no Ray cluster at {address!r}: {str(exc).splitlines()[0] if str(exc) else exc!r}") \
             from None
     return False
+
+
+def _token_auth_if_available() -> None:
+    """A local Ray started by ``ray.init()`` (as launch does) requires the token Ray saved
+    in ~/.ray/auth_token; Ray itself only presents it when it found the cluster on its own
+    (address None/"auto"), not for an address given. Present it whenever one exists:
+    a cluster without token auth accepts the connection all the same."""
+    if os.environ.get("RAY_AUTH_MODE"):
+        return  # the user chose
+    try:  # Ray's own switch (it also refreshes Ray's cached config, which the variable alone does not)
+        from ray._private.authentication.authentication_token_setup import (
+            maybe_enable_token_auth_if_token_available,
+        )
+    except ImportError:  # a Ray without token auth
+        return
+    maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
 
 
 def disconnect_ray() -> None:

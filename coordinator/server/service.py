@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -157,7 +158,7 @@ class CoordinatorService(Handlers):
             if self.job is None or job == self.job:
                 ranks.update(j["ranks"])
         return {
-            "endpoint": self.endpoint, "job": self.job, "ranks": ranks,
+            "endpoint": self.endpoint, "job": self.job, "ranks": ranks, "pid": os.getpid(),
             "last_judged_step": self.last_judged_step, "pending_steps": core.get("pending_steps"),
             "counters": core.get("counters"), "jobs": core.get("jobs"),
             "incidents": self._incidents(), "terminated": self.actions.terminated,
