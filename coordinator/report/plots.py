@@ -22,7 +22,7 @@ NONFINITE_DEVIATION = 1e9
 MAX_MARKS = 64
 #: Ranks drawn per curve plot besides the named one.
 MAX_LINES = 31
-NAMED_COLOUR, NAN_COLOUR, MISSING_COLOUR = "#c0392b", "#7f0000", "#bdbdbd"
+NAMED_COLOUR, NAN_COLOUR, MISSING_COLOUR = "#c0392b", "#d62728", "#bdbdbd"
 #: Other ranks' lines: tab10 without its red, which is the named rank's.
 PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
 
@@ -84,7 +84,7 @@ def heatmap_svg(history: dict | None, incident: dict) -> str | None:
     fig = figure(min(14.0, max(7.0, 3.2 + 0.55 * n_s)), min(10.0, max(2.8, 1.4 + 0.34 * n_r)))
     ax = fig.add_subplot()
     ext = (steps[0] - 0.5, steps[-1] + 0.5, n_r - 0.5, -0.5)
-    cmap = _cmap("YlOrRd").with_extremes(bad=MISSING_COLOUR)
+    cmap = _cmap("Blues").with_extremes(bad=MISSING_COLOUR)
     im = ax.imshow(shown, cmap=cmap, vmin=0.0, vmax=vmax, aspect="auto", interpolation="nearest", extent=ext)
     ax.imshow(np.ma.masked_where(~bad, np.ones_like(dev)), cmap=ListedColormap([NAN_COLOUR]), aspect="auto",
               interpolation="nearest", extent=ext)
@@ -113,7 +113,7 @@ def heatmap_svg(history: dict | None, incident: dict) -> str | None:
             ax.add_patch(gap)
             handles.append(Patch(facecolor="none", edgecolor="#1f4e9c", linestyle="--", linewidth=2,
                                  label=f"step {step} never reported by rank {first}"))
-    fig.legend(handles=handles, loc="outside lower left", ncol=4, fontsize=8, frameon=False)
+    fig.legend(handles=handles, loc="outside lower left", ncol=2, fontsize=8, frameon=False)
     return to_svg(fig)
 
 

@@ -9,13 +9,12 @@ to the nearest earlier step: the model's structure does not change between steps
 from __future__ import annotations
 
 import json
-import os
 import re
 from pathlib import Path
 from typing import Any
 
 from rankscope.coordinator.report.fmt import esc, muted
-from rankscope.wire.layout import dump_label, step_dir_name
+from rankscope.wire.layout import bundle_dirs, dump_label, step_dir_name
 
 #: Earlier steps tried when the named step has no dump.
 LOOK_BACK = 4
@@ -65,7 +64,8 @@ def cell_of(tensor: str, known: list[str]) -> str | None:
     s = _SENTINEL.match(tensor)
     if s:  # Sentinel.grad_local.fc1.weight -> the cell that owns fc1.weight
         module = s.group("param").rsplit(".", 1)[0]
-        for prefix in ("parameters_grad", "forward"):
+        grad = tensor.startswith(("Sentinel.grad", "Sentinel.opt_state"))
+        for prefix in ("parameters_grad", "forward") if grad else ("forward", "parameters_grad"):
             hit = next((k for k in known if k.startswith(f"Cell.{module}.") and f".{prefix}." in k), None)
             if hit:
                 return hit
@@ -121,7 +121,7 @@ def where_section(incident: dict, incident_dir: Path, bundle_config: dict | None
     """HTML: module path + code for the named tensor; ``link(path)`` renders a file link."""
     tensor, rank, step = incident.get("tensor"), incident.get("first_diverging_rank"), incident.get("step")
     if not tensor:
-        return muted("No tensor named: see the failure table for where the rank stopped.", "where")
+        return stacks_section(incident, incident_dir, link)
     folder = find_dump(incident_dir, rank, step, bundle_config)
     if folder is None:
         return muted(f"No construct.json or stack.json found for rank {rank} near step {step} (statistics-only "
@@ -153,5 +153,38 @@ def where_section(incident: dict, incident_dir: Path, bundle_config: dict | None
     return "".join(parts) + "</div>"
 
 
-def rel(path: Path, base: Path) -> str:
-    return os.path.relpath(path, base)
+_STACK_LINE = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>.+)$')
+
+
+def main_thread_frames(text: str) -> list[str]:
+    """The user frames of the thread that was running Python when the stacks were taken
+    (faulthandler's "Current thread", else the last thread listed), innermost first."""
+    blocks = [b for b in re.split(r"\n\s*\n", text) if "File " in b]
+    block = next((b for b in blocks if "Current thread" in b or "MainThread" in b), blocks[-1] if blocks else "")
+    out = []
+    for line in block.splitlines():
+        m = _STACK_LINE.match(line)
+        if m and user_frame(m.group("file")):
+            out.append(f"{m.group('file')}:{m.group('line')} in {m.group('func').strip()}")
+    return out
+
+
+def stacks_section(incident: dict, incident_dir: Path, link) -> str:
+    """No tensor (a crash or hang): where each rank's main thread stood, from the stacks
+    every rank wrote when the incident opened; a rank killed outright wrote none."""
+    rows = []
+    first = str(incident.get("first_diverging_rank"))
+    for rank, rank_dir in sorted(bundle_dirs(incident_dir), key=lambda t: t[0].zfill(12)):
+        found = sorted(rank_dir.rglob("thread_stacks.txt"))
+        if not found:
+            rows.append(f'<li data-rank="{esc(rank)}"><strong>rank {esc(rank)}</strong>: no stacks (the process '
+                        "was gone before it could write them)</li>")
+            continue
+        frames = main_thread_frames(found[0].read_text(encoding="utf-8", errors="replace"))
+        shown = "".join(f"<li class=user><code>{esc(f)}</code></li>" for f in frames[:6]) or "<li>library frames only</li>"
+        rows.append(f'<li data-rank="{esc(rank)}"><strong>rank {esc(rank)}</strong>{" (named)" if rank == first else ""}:'
+                    f" {link(found[0], 'thread_stacks.txt')}<ol>{shown}</ol></li>")
+    if not rows:
+        return muted("No tensor named and no thread stacks arrived: see the failure table.", "where")
+    return ('<div id="where"><p>No tensor is named for a crash or hang. Where each rank\'s main thread stood '
+            f'when the incident opened (your frames, innermost first):</p><ul id="rank-stacks">{"".join(rows)}</ul></div>')

@@ -104,6 +104,7 @@ def test_where_finds_the_module_path_and_the_users_code():
     stack = json.loads((DUMP / "stack.json").read_text())
     assert cell_of("Cell.fc1.Dense.forward.0.input.0", list(construct)) == "Cell.fc1.Dense.forward.0"
     assert cell_of("Sentinel.grad_local.fc2.weight", list(construct)) == "Cell.fc2.Dense.parameters_grad.0"
+    assert cell_of("Sentinel.param.fc2.weight", list(construct)) == "Cell.fc2.Dense.forward.0"
     assert cell_of("Cell.head.Dense.parameters_grad.0.bias", list(construct)) == "Cell.head.Dense.parameters_grad.0"
     assert module_chain("Cell.fc1.Dense.forward.0", construct) == ["Cell.fc1.Dense.forward.0"]
     assert module_chain("b", {"b": "a", "a": "b"}) == ["b", "a"]  # a cycle in a damaged file ends
@@ -160,3 +161,14 @@ def test_incidents_lists_shows_and_opens_offline(tmp_path, capsys, monkeypatch):
     assert incidents_cli.main([str(tmp_path), "r"]) == 2  # matches both
     assert "matches 2 incidents" in capsys.readouterr().err
     assert incidents_cli.main([str(tmp_path / "nope")]) == 2
+
+
+def test_a_crash_shows_where_each_ranks_main_thread_stood():
+    from rankscope.coordinator.report.where import main_thread_frames
+    text = ('# every thread\'s stack\nThread 0x1 (most recent call first):\n'
+            '  File "/usr/lib/python3.11/threading.py", line 982 in run\n\n'
+            'Current thread 0x2 (most recent call first):\n'
+            '  File "/venv/lib/python3.11/site-packages/mindspore/nn/cell.py", line 1422 in __call__\n'
+            '  File "/home/me/train.py", line 106 in main\n'
+            '  File "/home/me/train.py", line 112 in <module>\n')
+    assert main_thread_frames(text) == ["/home/me/train.py:106 in main", "/home/me/train.py:112 in <module>"]
