@@ -14,6 +14,10 @@ from rankscope.coordinator.report.fmt import as_float, esc, muted, num, num_cell
 from rankscope.coordinator.report.proof import suspects
 
 
+#: NaN-chain rows shown before the rest is folded away.
+CHAIN_SHOWN = 12
+
+
 def replica_groups(incident: dict) -> str:
     ev = incident.get("evidence") or {}
     by_rank = ev.get("crc32_by_rank")
@@ -78,12 +82,21 @@ def nan_chain(history: dict | None) -> str:
         rows.append(f'<tr class="{"faulty" if i == 0 else ""}" data-step="{esc(rec.get("step"))}">'
                     f'{num_cell(rec.get("step"))}{num_cell(rec.get("exec_index"))}'
                     f'<td><code>{esc(rec.get("tensor"))}</code></td>{text_cell(rec.get("kind"))}<td>{where}</td>'
-                    f'<td class="ranks">{esc(ranks)}</td>{num_cell(rec.get("nan"), "hot")}'
-                    f'{num_cell(rec.get("inf"))}{num_cell(rec.get("numel"))}</tr>')
+                    f'<td class="ranks">{esc(ranks)}</td>{num_cell(rec.get("nan"), _hot(rec.get("nan")))}'
+                    f'{num_cell(rec.get("inf"), _hot(rec.get("inf")))}{num_cell(rec.get("numel"))}</tr>')
     more = chain.get("more") or 0
     note = muted(f"{more} later non-finite record(s) not listed.") if more else ""
-    return table("nan-chain", ["step", "exec #", "tensor", "kind", "measured", "ranks", "NaN", "Inf", "elements"],
-                 rows, f"From the first non-finite record (step {chain.get('from_step')}) to where it spread") + note
+    head = ["step", "exec #", "tensor", "kind", "measured", "ranks", "NaN", "Inf", "elements"]
+    out = table("nan-chain", head, rows[:CHAIN_SHOWN],
+                f"From the first non-finite record (step {chain.get('from_step')}) to where it spread")
+    if len(rows) > CHAIN_SHOWN:
+        out += (f"<details><summary>{len(rows) - CHAIN_SHOWN} more record(s)</summary>"
+                f"{table('nan-chain-more', head, rows[CHAIN_SHOWN:])}</details>")
+    return out + note
+
+
+def _hot(count: Any) -> str:
+    return "hot" if isinstance(count, int) and count > 0 else ""
 
 
 def failure_table(incident: dict) -> str:
@@ -96,7 +109,8 @@ def failure_table(incident: dict) -> str:
     rows = []
     if "failed_at" in ev or "manner" in ev:
         snap = ranks.get(first) or {}
-        rows.append(_failure_row(first, "first to fail", ev.get("manner"), ev.get("exit_status"), ev.get("signal"),
+        role = "stuck (never reached the collective)" if ev.get("reason") == "hang" else "first to fail"
+        rows.append(_failure_row(first, role, ev.get("manner"), ev.get("exit_status"), ev.get("signal"),
                                  ev.get("exception"), 0.0, snap, "faulty"))
         for f in ev.get("followers") or []:
             r = str(f.get("rank"))

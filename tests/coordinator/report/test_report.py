@@ -172,3 +172,26 @@ def test_a_crash_shows_where_each_ranks_main_thread_stood():
             '  File "/home/me/train.py", line 106 in main\n'
             '  File "/home/me/train.py", line 112 in <module>\n')
     assert main_thread_frames(text) == ["/home/me/train.py:106 in main", "/home/me/train.py:112 in <module>"]
+
+
+def test_a_hang_gets_the_failure_table_and_timeline_without_deaths(tmp_path):
+    d = tmp_path / "incidents" / "h"
+    d.mkdir(parents=True)
+    t = 1.7e9
+    sync = lambda step, at, phase="in": {"what": "AllReduce", "step": step, "seq": 0, "phase": phase, "at": at}  # noqa: E731
+    doc = {"incident_id": "h", "detector": "progress", "first_diverging_rank": 1, "step": 7, "tensor": None,
+           "detected_at": "2023-11-14T22:15:20+00:00", "detected_at_epoch": t + 120, "state": "written",
+           "policy": "pause", "job": "j",
+           "evidence": {"rule": "never reached AllReduce #0 of step 7", "reason": "hang", "failed_at": t,
+                        "manner": "never reached AllReduce #0 of step 7; rank(s) 0, 2 waited there",
+                        "followers": [], "collective": {"what": "AllReduce", "step": 7, "seq": 0, "entered": [0, 2],
+                                                        "never_entered": [1], "waiting_since": t}},
+           "ranks": {"0": {"state": "paused", "step": 6, "sync": sync(7, t)},
+                     "1": {"state": "stalled", "step": 6, "sync": sync(6, t - 3, "out")},
+                     "2": {"state": "paused", "step": 6, "sync": sync(7, t + 0.01)}},
+           "timeline": [{"event": "start", "state": "pausing", "at": "2023-11-14T22:15:20.100+00:00"}]}
+    (d / "incident.json").write_text(json.dumps(doc))
+    page = render_report(d).read_text()
+    assert "stuck (never reached the collective)" in page and 'id="failure-timeline"' in page
+    assert all(f'id="sync-r{r}"' in page for r in range(3)) and 'id="death-r' not in page
+    assert "rankscope resume --job j" in page  # held by the pause policy: how to go on

@@ -118,7 +118,7 @@ def test_nan_report_shows_counts_the_chain_and_marks(pages):
     assert cells[:4] == [ev["stats"][k] for k in ("Max", "Min", "Mean", "Norm")] == ["nan"] * 4
     assert cells[4:6] == [str(ev["nan_count"]), str(ev["inf_count"])]
     assert _cells(dom, "stats", 0)[4] == "0"
-    chain = _section(dom, "nan-chain", "</table>")
+    chain = _section(dom, "nan-chain", 'id="pictures"')
     first_row = chain.split("<tbody>")[1].split("</tr>")[0]
     assert inc["tensor"] in first_row and 'class="ranks">2<' in first_row
     assert "Sentinel.grad_reduced.fc1.weight" in chain  # where it spread: every rank after the AllReduce
