@@ -23,6 +23,7 @@ from rankscope.coordinator.report.context import (
     timeline_section,
 )
 from rankscope.coordinator.report.fmt import esc, muted, num, when
+from rankscope.coordinator.logic.incident_store import iso
 from rankscope.coordinator.report.history import load_history
 from rankscope.coordinator.report.timeline_plot import failure_timeline_svg
 from rankscope.coordinator.report.where import where_section
@@ -47,7 +48,7 @@ def load_incident(incident_dir: Path) -> dict:
 def render_report(incident_dir: Path | str, history: dict | None = None) -> Path:
     """Write report.html into ``incident_dir`` and return its path."""
     incident_dir = Path(incident_dir)
-    incident = load_incident(incident_dir)
+    incident = with_latest_state(load_incident(incident_dir), incident_dir)
     if history is None:
         history = load_history(incident_dir)
     history = _window(history, incident.get("step"))
@@ -82,6 +83,21 @@ def render_report(incident_dir: Path | str, history: dict | None = None) -> Path
     out = incident_dir / REPORT_FILE
     atomic_write_bytes(out, page.encode("utf-8"))
     return out
+
+
+def with_latest_state(incident: dict, incident_dir: Path) -> dict:
+    """incident.json is written before the incident's last moves (terminated, resumed by
+    an operator later); state.json beside it is rewritten at every one. Take the state
+    and the timeline from it when it has gone further."""
+    try:
+        st = json.loads((incident_dir / "state.json").read_text(encoding="utf-8"))
+        moves = [(str(e), str(s), float(w)) for e, s, w in st.get("history") or []]
+    except (OSError, ValueError, TypeError, AttributeError):
+        return incident
+    if len(moves) <= len(incident.get("timeline") or []):
+        return incident
+    timeline = [{"event": e, "state": s, "at": iso(w)} for e, s, w in moves]
+    return dict(incident, state=st.get("state", incident.get("state")), timeline=timeline)
 
 
 def verdict_line(incident: dict) -> str:

@@ -171,4 +171,6 @@ def test_lost_rank_report_outlines_the_missing_step_and_the_failure_timeline(pag
     fx, _ = _path_xy(timeline, "death-r0")
     assert fx > dx  # the followers died after the cause
     states = re.findall(r'<tr data-state="([a-z]+)">', _section(dom, "timeline", "</table>"))
-    assert states[0] == "detected" and states[-1] == inc["timeline"][-1]["state"]
+    # incident.json is written before the policy's last move; the page shows it from state.json
+    assert [e["state"] for e in inc["timeline"]] == states[1:-1] and states[0] == "detected"
+    assert states[-1] == "terminated" and "state <strong>terminated</strong>" in dom
