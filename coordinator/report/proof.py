@@ -70,8 +70,10 @@ def stats_table(incident: dict, history: dict | None) -> str:
     """Every rank's Max/Min/Mean/Norm/NaN/Inf(/CRC-32) of the named tensor at the step."""
     tensor, step = incident.get("tensor"), incident.get("step")
     if not tensor:
-        return muted("This verdict names no tensor (a rank stopped or fell behind): see the failure "
-                     "table and the heatmap.", "stats-none")
+        why = ("an operator's export" if incident.get("detector") == "manual"
+               else "a rank stopped or fell behind: see the failure table")
+        return muted(f"This verdict names no tensor ({why}); the heatmap and curves below show every rank.",
+                     "stats-none")
     w, j = _window_at(history, step)
     first, ties = suspects(incident)
     if w is None or j is None:

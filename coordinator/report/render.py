@@ -104,6 +104,8 @@ def verdict_line(incident: dict) -> str:
     """One sentence a reader can forward: who, when, what."""
     rank, step, det = incident.get("first_diverging_rank"), incident.get("step"), incident.get("detector")
     ev = incident.get("evidence") or {}
+    if det == "manual":
+        return f"Bundles exported on an operator's request at step {step} (no divergence was named)"
     if det == "progress" and ev.get("manner"):
         followers = ev.get("followers") or []
         tail = f"; {len(followers)} rank(s) went down after it" if followers else ""

@@ -195,3 +195,15 @@ def test_a_hang_gets_the_failure_table_and_timeline_without_deaths(tmp_path):
     assert "stuck (never reached the collective)" in page and 'id="failure-timeline"' in page
     assert all(f'id="sync-r{r}"' in page for r in range(3)) and 'id="death-r' not in page
     assert "rankscope resume --job j" in page  # held by the pause policy: how to go on
+
+
+def test_sparse_or_bad_incident_files(tmp_path, capsys):
+    d = tmp_path / "incidents" / "m"
+    d.mkdir(parents=True)
+    (d / "incident.json").write_text(json.dumps({"incident_id": "m", "detector": "manual", "first_diverging_rank": -1,
+                                                 "step": 12, "tensor": None, "evidence": {"rule": "operator export"}}))
+    page = render_report(d).read_text()
+    assert "operator&#x27;s request at step 12" in page and "No step history" in page
+    (d / "incident.json").write_text("{not json")
+    assert report_cli.main([str(d)]) == 1
+    assert "incident.json: not valid JSON" in capsys.readouterr().err
