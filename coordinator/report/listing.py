@@ -53,13 +53,21 @@ def read_entry(d: Path) -> IncidentEntry:
             doc = json.loads(inc.read_text(encoding="utf-8"))
             return IncidentEntry(doc.get("incident_id", d.name), d, doc.get("detector"),
                                  doc.get("first_diverging_rank"), doc.get("step"), doc.get("tensor"),
-                                 when(doc.get("detected_at")), doc.get("state"), True)
+                                 when(doc.get("detected_at")), _latest_state(d) or doc.get("state"), True)
         st = json.loads((d / "state.json").read_text(encoding="utf-8"))
         v = st.get("verdict") or {}
         return IncidentEntry(st.get("incident_id", d.name), d, v.get("detector"), v.get("rank"), v.get("step"),
                              v.get("tensor"), when(st.get("detected_at")), st.get("state"), False)
     except (OSError, ValueError, AttributeError) as exc:
         return IncidentEntry(d.name, d, None, None, None, None, None, None, False, problem=f"unreadable: {exc}")
+
+
+def _latest_state(d: Path) -> str | None:
+    """incident.json is written before the incident's last move; state.json has it."""
+    try:
+        return json.loads((d / "state.json").read_text(encoding="utf-8")).get("state")
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def list_incidents(path: Path) -> list[IncidentEntry]:
