@@ -140,11 +140,12 @@ def _failure_row(rank: str, role: str, how: Any, status: Any, sig: Any, exc: Any
                  cls: str) -> str:
     sync = snap.get("sync") or {}
     coll = f"{sync.get('what')} #{sync.get('seq')} of step {sync.get('step')} ({sync.get('phase')})" if sync else None
+    died = when(snap["died_at"]) if snap.get("died_at") else None
     return (f'<tr class="{cls}" data-rank="{esc(rank)}"><th>rank {esc(rank)}</th><td>{esc(role)}</td>'
             f'<td>{esc(how or "—")}{"<br><code>" + esc(exc) + "</code>" if exc and exc != how else ""}</td>'
             f'{num_cell(status)}{text_cell(sig)}<td class="num" data-value="{esc(delay)}">'
             f'{"+" + seconds(delay) if as_float(delay) is not None else "—"}</td>'
-            f'{num_cell(snap.get("step"))}{text_cell(coll)}{text_cell(when(snap.get("died_at")) if snap.get("died_at") else None)}</tr>')
+            f'{num_cell(snap.get("step"))}{text_cell(coll)}{text_cell(died)}</tr>')
 
 
 _SHOWN = {"crc32_by_rank", "robust_z_by_rank", "group_values", "followers", "collective", "last_sync",

@@ -114,7 +114,8 @@ def _frame_html(frame: str, mine: bool) -> str:
     if not m:
         return f'<li class="{"user" if mine else ""}"><code>{esc(frame)}</code></li>'
     return (f'<li class="{"user" if mine else ""}"><code>{esc(m.group("file"))}:{esc(m.group("line"))}</code> in '
-            f'<code>{esc(m.group("func").strip())}</code><br><code class="src">{esc(m.group("code").strip())}</code></li>')
+            f'<code>{esc(m.group("func").strip())}</code><br>'
+            f'<code class="src">{esc(m.group("code").strip())}</code></li>')
 
 
 def where_section(incident: dict, incident_dir: Path, bundle_config: dict | None, link) -> str:
@@ -181,10 +182,13 @@ def stacks_section(incident: dict, incident_dir: Path, link) -> str:
                         "was gone before it could write them)</li>")
             continue
         frames = main_thread_frames(found[0].read_text(encoding="utf-8", errors="replace"))
-        shown = "".join(f"<li class=user><code>{esc(f)}</code></li>" for f in frames[:6]) or "<li>library frames only</li>"
-        rows.append(f'<li data-rank="{esc(rank)}"><strong>rank {esc(rank)}</strong>{" (named)" if rank == first else ""}:'
+        shown = "".join(f"<li class=user><code>{esc(f)}</code></li>" for f in frames[:6]) \
+            or "<li>library frames only</li>"
+        named = " (named)" if rank == first else ""
+        rows.append(f'<li data-rank="{esc(rank)}"><strong>rank {esc(rank)}</strong>{named}:'
                     f" {link(found[0], 'thread_stacks.txt')}<ol>{shown}</ol></li>")
     if not rows:
         return muted("No tensor named and no thread stacks arrived: see the failure table.", "where")
     return ('<div id="where"><p>No tensor is named for a crash or hang. Where each rank\'s main thread stood '
-            f'when the incident opened (your frames, innermost first):</p><ul id="rank-stacks">{"".join(rows)}</ul></div>')
+            "when the incident opened (your frames, innermost first):</p>"
+            f'<ul id="rank-stacks">{"".join(rows)}</ul></div>')

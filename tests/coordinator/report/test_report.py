@@ -178,7 +178,9 @@ def test_a_hang_gets_the_failure_table_and_timeline_without_deaths(tmp_path):
     d = tmp_path / "incidents" / "h"
     d.mkdir(parents=True)
     t = 1.7e9
-    sync = lambda step, at, phase="in": {"what": "AllReduce", "step": step, "seq": 0, "phase": phase, "at": at}  # noqa: E731
+    def sync(step, at, phase="in"):
+        return {"what": "AllReduce", "step": step, "seq": 0, "phase": phase, "at": at}
+
     doc = {"incident_id": "h", "detector": "progress", "first_diverging_rank": 1, "step": 7, "tensor": None,
            "detected_at": "2023-11-14T22:15:20+00:00", "detected_at_epoch": t + 120, "state": "written",
            "policy": "pause", "job": "j",
