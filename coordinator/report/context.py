@@ -165,6 +165,9 @@ def config_section(incident: dict, incident_dir: Path, link: Links) -> tuple[str
         rows.append(f"<tr><th>environment</th><td><ul class=\"env\">{shown or '<li>—</li>'}</ul>"
                     f"(distributed-run variables of rank {esc(src)}; all of them: {link(env_path, 'environment.json')})"
                     "</td></tr>")
+    if not isinstance(cfg, dict) and not isinstance(env, dict):
+        rows.append("<tr><th>probe config, environment</th><td class=muted>not in the bundles (a bundle the node "
+                    "agent writes for a rank that died holds its flight recorder, not its config)</td></tr>")
     return f'<table id="config"><tbody>{"".join(rows)}</tbody></table>', cfg if isinstance(cfg, dict) else None
 
 
