@@ -148,11 +148,12 @@ def curve_svg(history: dict | None, incident: dict, key: str) -> str | None:
     few = len(ranks) <= len(PALETTE) + 1
     others = sum(1 for i, r in enumerate(ranks) if r != first and not i % stride)
     labelled = False
+    colour_of: dict = {}
     for i, rank in enumerate(ranks):
         named = rank == first
         if not named and i % stride:
             continue
-        colour = NAMED_COLOUR if named else (PALETTE[i % len(PALETTE)] if few else "#8a9a9a")
+        colour = colour_of[rank] = NAMED_COLOUR if named else (PALETTE[i % len(PALETTE)] if few else "#8a9a9a")
         if named or few:
             label = f"rank {rank}" + (" (named)" if named else "")
         else:  # one legend entry for the grey crowd
@@ -166,18 +167,23 @@ def curve_svg(history: dict | None, incident: dict, key: str) -> str | None:
         ax.set_yscale("log")
     top = blended_transform_factory(ax.transData, ax.transAxes)
     marks = missing_marks = 0
+    stacked: dict = {}  # (step, kind) -> marks already there: several ranks at one step stack up
     for i, rank in enumerate(ranks):
         for j, v in enumerate(raw[i]):
             if isinstance(v, str) and marks < MAX_MARKS:  # "nan" / "inf" / "-inf"
-                m, = ax.plot([steps[j]], [0.94], transform=top, marker="X", markersize=11, color=NAN_COLOUR,
+                k = stacked[(j, "bad")] = stacked.get((j, "bad"), -1) + 1
+                yk = 0.94 - 0.12 * (k % 6)
+                m, = ax.plot([steps[j]], [yk], transform=top, marker="X", markersize=11, color=NAN_COLOUR,
                              linestyle="none", clip_on=False, zorder=6)
                 m.set_gid(f"nonfinite-r{rank}-s{steps[j]}")
-                ax.text(steps[j] + 0.08, 0.94, f"{'NaN' if v == 'nan' else v.replace('inf', 'Inf')}\nrank {rank}",
+                ax.text(steps[j] + 0.08, yk, f"{'NaN' if v == 'nan' else v.replace('inf', 'Inf')}\nrank {rank}",
                         transform=top, ha="left", va="center", fontsize=8, color=NAN_COLOUR, zorder=6)
                 marks += 1
             elif v is None and missing_marks < MAX_MARKS:
-                m, = ax.plot([steps[j]], [0.04], transform=top, marker="o", markersize=8, markerfacecolor="white",
-                             markeredgecolor="#555", linestyle="none", clip_on=False, zorder=6)
+                k = stacked[(j, "gap")] = stacked.get((j, "gap"), -1) + 1
+                m, = ax.plot([steps[j]], [0.04 + 0.06 * (k % 8)], transform=top, marker="o", markersize=8,
+                             markerfacecolor="white", markeredgewidth=1.8, markeredgecolor=colour_of.get(rank, "#555"),
+                             linestyle="none", clip_on=False, zorder=6)
                 m.set_gid(f"missing-r{rank}-s{steps[j]}")
                 missing_marks += 1
     if marks or missing_marks:  # room above and below the data for the marks
@@ -195,7 +201,7 @@ def curve_svg(history: dict | None, incident: dict, key: str) -> str | None:
         handles.append(Line2D([], [], marker="X", color=NAN_COLOUR, linestyle="none", label="NaN/Inf value"))
     if missing_marks:
         handles.append(Line2D([], [], marker="o", markerfacecolor="white", markeredgecolor="#555",
-                              linestyle="none", label="not reported"))
+                              linestyle="none", label="not reported (rank's colour)"))
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
     ax.set_xlabel("step")
     ax.set_ylabel(ylabel)
