@@ -74,7 +74,8 @@ def main(argv: list[str]) -> int:
           f"  incidents/<id>/report.html    open in a browser (self-contained, no network)\n"
           f"  incidents/<id>/rank_<r>/rdr/  every rank's bundle\n"
           f"  local_dump/step<N>/rank<r>/   each rank's msProbe-format dump\n"
-          f"  command.log, msrun_logs/      msrun's and the workers' own output", flush=True)
+          f"  command.log, msrun_logs/      msrun's and the workers' own output\n"
+          f"  rankscope incidents {export_dir}   lists them later, offline", flush=True)
     # The demo succeeded if it found the fault it injected (or nothing, for a clean run).
     return 0 if rc in (0, INCIDENT_EXIT) else rc
 

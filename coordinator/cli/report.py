@@ -6,15 +6,12 @@ import argparse
 import sys
 from pathlib import Path
 
+from rankscope.coordinator.report.listing import incident_dirs as _all_dirs
 from rankscope.coordinator.report.render import render_report
-from rankscope.wire.layout import incidents_root
 
 
 def incident_dirs(path: Path) -> list[Path]:
-    if (path / "incident.json").is_file():
-        return [path]
-    root = incidents_root(path) if incidents_root(path).is_dir() else path
-    return sorted(p.parent for p in root.glob("*/incident.json"))
+    return [d for d in _all_dirs(path) if (d / "incident.json").is_file()]
 
 
 def main(argv: list[str]) -> int:

@@ -46,6 +46,11 @@ def iso(epoch: float) -> str:
     return _dt.datetime.fromtimestamp(epoch, _dt.timezone.utc).isoformat(timespec="milliseconds")
 
 
+def timeline(incident: Incident) -> list[dict[str, Any]]:
+    """Incident.history (event, new state, wall time) as ``[{event, state, at}]``."""
+    return [{"event": event, "state": state, "at": iso(wall)} for event, state, wall in incident.history]
+
+
 def incident_document(incident: Incident, ranks: Mapping[int, Mapping[str, Any]] | None = None,
                       bundles: Mapping[int, str] | None = None, rank_map: list[dict[str, Any]] | None = None,
                       export_dir: str | os.PathLike | None = None) -> dict[str, Any]:
@@ -78,6 +83,8 @@ def incident_document(incident: Incident, ranks: Mapping[int, Mapping[str, Any]]
         "missing_bundles": sorted(int(r) for r in ranks if r not in bundles),
         "rank_map": list(rank_map or []),
         "related_verdicts": incident.related,
+        # detected -> paused -> exported -> written -> resumed/terminated, as it happened.
+        "timeline": timeline(incident),
     }
     if export_dir is not None:
         doc["dir"] = str(incident_dir(export_dir, incident.incident_id))

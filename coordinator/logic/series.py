@@ -2,6 +2,10 @@
 
 Kept small and bounded (the last ``max_steps`` judged steps per group) because the
 coordinator otherwise drops judged steps; the report's heatmap and curves read this.
+A value a rank did not report is None; one it reported as NaN/Inf is the string
+``"nan"``/``"inf"``/``"-inf"``: the report marks the two differently, because a
+non-finite value is usually the event the incident is about. The last few judged
+steps themselves are kept too (:class:`RecentSteps`) for the incident's proof.
 """
 from __future__ import annotations
 
@@ -13,11 +17,12 @@ import numpy as np
 from rankscope.coordinator.logic.aligner import StepView
 from rankscope.coordinator.logic.detectors.common import nanmedian0
 from rankscope.coordinator.logic.detectors.outlier import log_values
+from rankscope.coordinator.logic.recent import RecentSteps
 from rankscope.wire.records import Kind
 
 
-def _jsonable(a: np.ndarray) -> list[float | None]:
-    return [float(x) if np.isfinite(x) else None for x in a]
+def _jsonable(a: np.ndarray, present: np.ndarray) -> list[float | str | None]:
+    return [None if not p else float(x) if np.isfinite(x) else str(float(x)) for x, p in zip(a, present)]
 
 
 class SeriesRecorder:
@@ -25,20 +30,23 @@ class SeriesRecorder:
         self.max_steps = max_steps
         self._groups: dict[str, collections.deque] = {}
         self._ranks: dict[str, list[int]] = {}
+        self.recent = RecentSteps()
 
     def add(self, view: StepView) -> None:
         stats, present = view.stats, view.present
         loss_cols = np.flatnonzero(view.kind == Kind.LOSS)
-        loss = np.full(view.ranks.shape[0], np.nan)
+        n_ranks = view.ranks.shape[0]
+        loss, loss_in = np.full(n_ranks, np.nan), np.zeros(n_ranks, bool)
         if loss_cols.shape[0]:
             c = loss_cols[0]
-            loss = np.where(present[:, c], stats[:, c, 2], np.nan)
+            loss, loss_in = np.where(present[:, c], stats[:, c, 2], np.nan), present[:, c].copy()
         g_cols = np.flatnonzero(view.kind == Kind.GRAD_LOCAL)
-        gnorm = np.full(view.ranks.shape[0], np.nan)
+        gnorm, g_in = np.full(n_ranks, np.nan), np.zeros(n_ranks, bool)
         if g_cols.shape[0]:
             n = np.where(present[:, g_cols], stats[:, g_cols, 3], 0.0)
+            g_in = present[:, g_cols].any(axis=1)
             with np.errstate(invalid="ignore", over="ignore"):
-                gnorm = np.where(present[:, g_cols].any(axis=1), np.sqrt(np.sum(n * n, axis=1)), np.nan)
+                gnorm = np.where(g_in, np.sqrt(np.sum(n * n, axis=1)), np.nan)
         # Deviation: the largest |log ratio| of a rank's loss/grad/activation norm to the
         # group median over this step's comparable columns (0 = exactly typical).
         cached = view.cache.get("log_norms")
@@ -56,9 +64,11 @@ class SeriesRecorder:
             dev = d.max(axis=1)
             bad = (view.nan[:, cols] + view.inf[:, cols] > 0).any(axis=1)
             dev[bad] = np.inf
+        dev[~view.reported[:n_ranks]] = np.nan  # no record is no data, not "typical"
         q = self._groups.setdefault(view.group, collections.deque(maxlen=self.max_steps))
         self._ranks[view.group] = [int(r) for r in view.ranks]
-        q.append((view.step, loss, gnorm, dev))
+        q.append((view.step, (loss, loss_in), (gnorm, g_in), dev))
+        self.recent.add(view)
 
     def to_dict(self, group: str | None = None) -> dict[str, Any]:
         out = {}
@@ -68,13 +78,18 @@ class SeriesRecorder:
             ranks = self._ranks[label]
             width = len(ranks)
 
-            def pad(a: np.ndarray) -> np.ndarray:
-                return a if a.shape[0] == width else np.r_[a, np.full(width - a.shape[0], np.nan)]
+            def pad(a: np.ndarray, fill: Any = np.nan) -> np.ndarray:
+                return a if a.shape[0] == width else np.r_[a, np.full(width - a.shape[0], fill)]
+
+            def values(pair: tuple[np.ndarray, np.ndarray]) -> list[float | str | None]:
+                return _jsonable(pad(pair[0]), pad(pair[1], False))
 
             out[label] = {
                 "ranks": ranks, "steps": [s for s, *_ in q],
-                "loss": [_jsonable(pad(x)) for _, x, _, _ in q],
-                "grad_norm": [_jsonable(pad(x)) for _, _, x, _ in q],
-                "deviation": [[float(v) if np.isfinite(v) else 1e9 for v in pad(x)] for *_, x in q],
+                "loss": [values(x) for _, x, _, _ in q],
+                "grad_norm": [values(x) for _, _, x, _ in q],
+                # NONFINITE_DEVIATION for a rank with NaN/Inf, None for one that sent nothing.
+                "deviation": [[None if np.isnan(v) else float(v) if np.isfinite(v) else 1e9 for v in pad(x)]
+                              for *_, x in q],
             }
         return out

@@ -17,12 +17,17 @@ from rankscope.wire.atomic import atomic_write_bytes
 HISTORY_FILE = "history.json"
 #: SeriesRecorder's deviation for a rank with NaN/Inf in its comparable records.
 NONFINITE_DEVIATION = 1e9
+#: How a non-finite value is spelled in history.json and incident.json.
+NONFINITE = ("nan", "inf", "-inf")
 
 
-def history_from_series(series: dict[str, Any] | None) -> dict | None:
-    """SeriesRecorder.to_dict(group)[group] (step-major) -> rank-major history."""
+def history_from_series(series: dict[str, Any] | None, around: dict[str, Any] | None = None) -> dict | None:
+    """SeriesRecorder.to_dict(group)[group] (step-major) -> rank-major history.
+
+    ``around`` (RecentSteps' ``tensor_window`` and ``nonfinite_chain``, taken when the
+    incident was written) is kept as is under those keys."""
     if not series or not series.get("ranks"):
-        return None
+        return dict(around) if around else None
     ranks, steps = list(series["ranks"]), list(series["steps"])
     order = sorted(range(len(ranks)), key=ranks.__getitem__)  # group order is arrival order
 
@@ -31,11 +36,16 @@ def history_from_series(series: dict[str, Any] | None) -> dict | None:
         return [[_num(rows[j][i]) if i < len(rows[j]) else None for j in range(len(steps))] for i in order]
 
     return {"ranks": [ranks[i] for i in order], "steps": steps, "loss": rank_major("loss"),
-            "grad_norm": rank_major("grad_norm"), "deviation": rank_major("deviation")}
+            "grad_norm": rank_major("grad_norm"), "deviation": rank_major("deviation"), **(around or {})}
 
 
-def _num(v: Any) -> float | None:
-    return float(v) if isinstance(v, (int, float)) and math.isfinite(v) else None
+def _num(v: Any) -> float | str | None:
+    """A finite number, a non-finite one as "nan"/"inf"/"-inf" (strict JSON), or None."""
+    if isinstance(v, str) and v in NONFINITE:
+        return v
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    return float(v) if math.isfinite(v) else str(float(v))
 
 
 def save_history(incident_dir: Path, history: dict) -> Path:

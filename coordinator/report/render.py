@@ -1,21 +1,33 @@
-"""Render ``incidents/<id>/report.html`` from incident.json (+ history.json).
+"""Render ``incidents/<id>/report.html`` from incident.json (+ history.json and the
+rank bundles beside it).
 
-The page is one file with everything inline (data as JSON, a small script that
-draws the heatmap and curves as SVG), so it opens from a bundle on a machine
-with no network. Values from the run are HTML-escaped; the JSON block is
-escaped so no ``</script>`` in a tensor name can end it.
+One file, no script, no network: tables are HTML, pictures are matplotlib SVG inlined
+(:mod:`.plots`). Every run value is HTML-escaped. The page is laid out as a reader
+checks a verdict: the claim, its proof, where in the model and code, the pictures,
+then everything needed to go on (timeline, files, config, commands).
 """
 from __future__ import annotations
 
-import html
 import json
+import time
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from rankscope.coordinator.report.history import NONFINITE_DEVIATION, load_history
+from rankscope.coordinator.report import findings, plots, proof
+from rankscope.coordinator.report.context import (
+    Links,
+    commands_section,
+    config_section,
+    files_section,
+    timeline_section,
+)
+from rankscope.coordinator.report.fmt import esc, muted, num, when
+from rankscope.coordinator.logic.incident_store import iso
+from rankscope.coordinator.report.history import load_history
+from rankscope.coordinator.report.timeline_plot import failure_timeline_svg
+from rankscope.coordinator.report.where import where_section
 from rankscope.wire.atomic import atomic_write_bytes
-from rankscope.wire.layout import bundle_dirs
 
 REPORT_FILE = "report.html"
 #: Heatmap cap: beyond this many cells the step window is narrowed around the
@@ -23,45 +35,146 @@ REPORT_FILE = "report.html"
 MAX_CELLS = 24_000
 
 
-def render_report(incident_dir: Path | str, history: dict | None = None) -> Path:
-    """Write report.html into ``incident_dir`` and return its path."""
-    incident_dir = Path(incident_dir)
+def load_incident(incident_dir: Path) -> dict:
     inc_path = incident_dir / "incident.json"
     if not inc_path.is_file():
         raise FileNotFoundError(f"{inc_path}: no incident.json, not an incident directory")
-    incident = json.loads(inc_path.read_text())
+    try:
+        return json.loads(inc_path.read_text(encoding="utf-8"))
+    except ValueError as exc:
+        raise ValueError(f"{inc_path}: not valid JSON ({exc})") from None
+
+
+def render_report(incident_dir: Path | str, history: dict | None = None) -> Path:
+    """Write report.html into ``incident_dir`` and return its path."""
+    incident_dir = Path(incident_dir)
+    incident = with_latest_state(load_incident(incident_dir), incident_dir)
     if history is None:
         history = load_history(incident_dir)
     history = _window(history, incident.get("step"))
-    first_rank, step = incident.get("first_diverging_rank"), incident.get("step")
-    data = {"first_rank": first_rank, "step": step, "history": history,
-            "nonfinite": NONFINITE_DEVIATION}
+    link = Links(incident_dir)
+    config_html, bundle_config = config_section(incident, incident_dir, link)
     fields = {
-        "incident_id": incident.get("incident_id", incident_dir.name),
-        "first_rank": first_rank, "step": step, "tensor": incident.get("tensor"),
-        "detector": incident.get("detector"), "detected_at": incident.get("detected_at"),
-        "job": incident.get("job", ""), "ties": incident.get("ties", []),
+        "headline": verdict_line(incident), "incident_id": incident.get("incident_id", incident_dir.name),
+        "verdict_line": _verdict_html(incident), "tensor": incident.get("tensor") or "\u2014",
+        "kind": f" ({incident['kind']})" if incident.get("kind") else "",
+        "detector": incident.get("detector"), "rule": (incident.get("evidence") or {}).get("rule", "\u2014"),
+        "detected_at": when(incident.get("detected_at")), "job": incident.get("job", ""),
+        "state": incident.get("state", "\u2014"), "policy": incident.get("policy", "\u2014"),
+        "version": _version(), "rendered_at": when(time.time()),
     }
+    ties = incident.get("ties") or []
     page = _template()
     for key, val in fields.items():
-        page = page.replace("{{" + key + "}}", html.escape(str(val)))
-    page = page.replace("{{evidence_table}}", _evidence_table(incident.get("evidence") or {}))
-    page = page.replace("{{ranks_table}}", _ranks_table(incident.get("ranks") or {}))
-    page = page.replace("{{bundle_table}}", _bundle_table(incident_dir, incident.get("bundles") or {},
-                                                          incident.get("missing_bundles") or []))
-    page = page.replace("{{data_json}}", _script_json(data))
+        page = page.replace("{{" + key + "}}", esc(val) if key != "verdict_line" else val)
+    parts = {
+        "ties": esc(f"; tied with rank(s) {', '.join(map(str, ties))}") if ties else "",
+        "proof": _proof(incident, history),
+        "where": where_section(incident, incident_dir, bundle_config, link) + findings.nan_chain(history),
+        "pictures": _pictures(incident, history),
+        "timeline": timeline_section(incident),
+        "files": files_section(incident, incident_dir, link),
+        "config": config_html,
+        "commands": commands_section(incident, incident_dir),
+        "evidence": findings.evidence_details(incident),
+    }
+    for key, val in parts.items():
+        page = page.replace("{{" + key + "}}", val)
     out = incident_dir / REPORT_FILE
     atomic_write_bytes(out, page.encode("utf-8"))
     return out
+
+
+def with_latest_state(incident: dict, incident_dir: Path) -> dict:
+    """incident.json is written before the incident's last moves (terminated, resumed by
+    an operator later); state.json beside it is rewritten at every one. Take the state
+    and the timeline from it when it has gone further."""
+    try:
+        st = json.loads((incident_dir / "state.json").read_text(encoding="utf-8"))
+        moves = [(str(e), str(s), float(w)) for e, s, w in st.get("history") or []]
+    except (OSError, ValueError, TypeError, AttributeError):
+        return incident
+    if len(moves) <= len(incident.get("timeline") or []):
+        return incident
+    timeline = [{"event": e, "state": s, "at": iso(w)} for e, s, w in moves]
+    return dict(incident, state=st.get("state", incident.get("state")), timeline=timeline)
+
+
+def verdict_line(incident: dict) -> str:
+    """One sentence a reader can forward: who, when, what."""
+    rank, step, det = incident.get("first_diverging_rank"), incident.get("step"), incident.get("detector")
+    ev = incident.get("evidence") or {}
+    if det == "manual":
+        return f"Bundles exported on an operator's request at step {step} (no divergence was named)"
+    if det == "progress" and ev.get("manner"):
+        followers = ev.get("followers") or []
+        tail = f"; {len(followers)} rank(s) went down after it" if followers else ""
+        return f"Rank {rank} failed first, in step {step}: {ev['manner']}{tail}"
+    if det == "progress":
+        return f"Rank {rank} stopped reporting: step {step} never arrived ({ev.get('rule', '')})"
+    if det == "nan_origin":
+        return f"Rank {rank} produced the first NaN/Inf, at step {step}"
+    if det == "outlier":
+        return (f"Rank {rank} stands out at step {step}: {ev.get('value', 'value')} "
+                f"{num(ev.get('ratio_to_median'))}\u00d7 the group median")
+    if det == "replica":
+        return (f"Rank {rank}'s replica differs at step {step}: {num(ev.get('agreeing_ranks'))} of "
+                f"{num(ev.get('compared_ranks'))} ranks agree, it does not")
+    return f"Rank {rank} diverged first, at step {step} ({det})"
+
+
+def _verdict_html(incident: dict) -> str:
+    rank, step = esc(incident.get("first_diverging_rank")), esc(incident.get("step"))
+    line = esc(verdict_line(incident))
+    return (f'{line}<span hidden> rank <strong id="first-rank">{rank}</strong> step '
+            f'<strong id="first-step">{step}</strong></span>')
+
+
+def _proof(incident: dict, history: dict | None) -> str:
+    det = incident.get("detector")
+    out = [proof.stats_table(incident, history)]
+    if det == "replica":
+        out.append("<h3>Checksums, grouped by value</h3>" + findings.replica_groups(incident))
+    elif det == "outlier":
+        out.append("<h3>Robust score against the threshold</h3>" + findings.outlier_scores(incident))
+    elif det == "progress":
+        out.append("<h3>Who failed first</h3>" + findings.failure_table(incident))
+        svg = failure_timeline_svg(incident)
+        if svg:
+            out.append(f'<figure id="failure-timeline">{svg}<figcaption>When each rank reached its last '
+                       "collective and when its process ended, beside the incident's states.</figcaption></figure>")
+    window = proof.window_table(incident, history)
+    if window:
+        out.append("<h3>The same tensor on every rank, steps around the divergence</h3>" + window)
+    return "".join(out)
+
+
+def _pictures(incident: dict, history: dict | None) -> str:
+    if not history or not history.get("ranks"):
+        return muted("No step history was recorded for this incident.", "heatmap")
+    out = []
+    heat = plots.heatmap_svg(history, incident)
+    if heat:
+        out.append(f'<figure id="heatmap" data-step="{esc(incident.get("step"))}">{heat}<figcaption>Every rank '
+                   "(rows) at every kept step (columns) up to the verdict: how far its loss, local gradient and "
+                   "activation norms were from the group median.</figcaption></figure>")
+    for key in ("loss", "grad_norm"):
+        svg = plots.curve_svg(history, incident, key)
+        if svg:
+            out.append(f'<figure id="curve-{key}" class="curve-plot" data-metric="{key}">{svg}</figure>')
+    return "".join(out) or muted("Nothing to plot.")
 
 
 def _template() -> str:
     return resources.files("rankscope.coordinator.report").joinpath("template.html").read_text(encoding="utf-8")
 
 
-def _script_json(obj: Any) -> str:
-    text = json.dumps(obj, allow_nan=False, default=str)
-    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+        return version("rankscope")
+    except Exception:  # not installed (run from a source tree)
+        return "(source)"
 
 
 def _window(history: dict | None, step: Any) -> dict | None:
@@ -79,56 +192,3 @@ def _window(history: dict | None, step: Any) -> dict | None:
         out[key] = [row[sl] for row in history[key]]
     return out
 
-
-def _cell(val: Any) -> str:
-    if isinstance(val, (dict, list)):
-        text = json.dumps(val, default=str)
-        if len(text) > 2000:
-            text = text[:2000] + " ..."
-        return f"<code>{html.escape(text)}</code>"
-    return html.escape(str(val))
-
-
-def _evidence_table(evidence: dict) -> str:
-    if not evidence:
-        return '<p class="muted" id="evidence">No evidence recorded.</p>'
-    rows = "".join(f"<tr><th>{html.escape(str(k))}</th><td>{_cell(v)}</td></tr>" for k, v in evidence.items())
-    return f'<table id="evidence"><tbody>{rows}</tbody></table>'
-
-
-def _ranks_table(ranks: dict | list) -> str:
-    items = ranks.items() if isinstance(ranks, dict) else enumerate(ranks)
-    rows = []
-    for rank, info in items:
-        info = info if isinstance(info, dict) else {"state": info}
-        rows.append(f'<tr data-rank="{html.escape(str(rank))}"><td>{html.escape(str(rank))}</td>'
-                    f"<td>{_cell(info.get('state', ''))}</td><td>{_cell(info.get('step', ''))}</td></tr>")
-    if not rows:
-        return '<p class="muted" id="ranks">No rank states recorded.</p>'
-    return ('<table id="ranks"><thead><tr><th>rank</th><th>state</th><th>step</th></tr></thead>'
-            f"<tbody>{''.join(rows)}</tbody></table>")
-
-
-def _bundle_table(incident_dir: Path, bundles: dict, missing: list) -> str:
-    """Every rank's bundle as it is on disk; a rank whose bundle never completed is
-    marked incomplete (some files arrived) or missing (nothing did)."""
-    incomplete = {str(r) for r in missing}
-    rows = []
-    seen = set()
-    for rank, rank_dir in bundle_dirs(incident_dir):
-        files = sorted(f for f in rank_dir.rglob("*") if f.is_file() and not f.name.startswith("."))
-        size = sum(f.stat().st_size for f in files)
-        seen.add(rank)
-        cls = "bundle incomplete" if rank in incomplete else "bundle"
-        rows.append(f'<tr class="{cls}" data-rank="{html.escape(rank)}"><td>{html.escape(rank)}</td>'
-                    f"<td><code>{html.escape(rank_dir.name)}/</code></td><td>{len(files)}</td>"
-                    f"<td>{size}{' (incomplete)' if rank in incomplete else ''}</td></tr>")
-    for rank in sorted({str(r) for r in bundles} | incomplete, key=str):
-        if rank not in seen:
-            rows.append(f'<tr class="bundle missing" data-rank="{html.escape(rank)}">'
-                        f"<td>{html.escape(rank)}</td><td>{_cell(bundles.get(rank, ''))}</td><td>0</td>"
-                        "<td>missing</td></tr>")
-    if not rows:
-        return '<p class="muted" id="bundles">No bundles were received.</p>'
-    return ('<table id="bundles"><thead><tr><th>rank</th><th>directory</th><th>files</th><th>bytes</th>'
-            f"</tr></thead><tbody>{''.join(rows)}</tbody></table>")

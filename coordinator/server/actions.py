@@ -85,10 +85,25 @@ class ActionPerformer:
             # them under missing_bundles; the report shows what did arrive of them).
             path = self.core.write_incident(iid)
             inc = next((i for i in self.core.incidents() if i["incident_id"] == iid), None)
-            group = (inc or {}).get("verdict", {}).get("group")
+            verdict = (inc or {}).get("verdict", {})
+            group = verdict.get("group")
             series = self.core.series.to_dict(group).get(group) if group else None
+            history = history_from_series(series, self._around(verdict))
             rank_map = list(self.core.rank_maps.get(job, []))
-            self._submit(_write_report, path.parent, history_from_series(series), rank_map)
+            self._submit(_write_report, path.parent, history, rank_map)
+
+    def _around(self, verdict: dict) -> dict:
+        """The verdict's tensor on every rank over the steps around it, and (NaN origin)
+        where the non-finite values went: the report's proof, taken while the coordinator
+        still holds those steps."""
+        group, step, recent = verdict.get("group"), verdict.get("step"), self.core.series.recent
+        if not group or not isinstance(step, int):
+            return {}
+        focus = [r for r in [verdict.get("rank"), *verdict.get("ties", [])] if isinstance(r, int)]
+        out = {"tensor_window": recent.tensor_window(group, verdict.get("tensor"), step, focus)}
+        if verdict.get("detector") == "nan_origin":
+            out["nonfinite_chain"] = recent.nonfinite_chain(group, step)
+        return {k: v for k, v in out.items() if v is not None}
 
     # --- bundles -------------------------------------------------------------------
     def accept_chunk(self, body: dict) -> bool:

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from report_dom import CHROMIUM, NO_CHROMIUM, cells, check_verdict_marks, dom, section
 
 from rankscope.coordinator.cli.demo import msrun_command
 from rankscope.coordinator.launch.runner import INCIDENT_EXIT
@@ -81,3 +82,14 @@ def test_injected_fault_is_named(tmp_path, fault, detector, rank, step):
     # A rank that dies failed; a rank whose numbers differ diverged.
     verb = "failed" if detector == "progress" else "diverged"
     assert f"rank {rank} {verb} first" in proc.stdout
+    # The report of this real run, as a browser lays it out: the verdict outlined on the
+    # heatmap and marked on the curves at the named step; the NaN marked, the lost step outlined.
+    if CHROMIUM is None:
+        pytest.skip(f"the verdict was checked; report.html was not: {NO_CHROMIUM}")
+    page = dom(inc["_dir"] / "report.html")
+    check_verdict_marks(page, rank, step)
+    if detector == "nan_origin":
+        assert f'id="nonfinite-r{rank}-s{step}"' in section(page, "curve-grad_norm")
+        assert cells(page, "stats", rank)[4] == str(inc["evidence"]["nan_count"])
+    if detector == "progress":
+        assert 'id="missing-step"' in section(page, "heatmap") and 'id="failure-timeline"' in page

@@ -153,6 +153,10 @@ class OutlierDetector:
                            "effective_ratio": num(math.exp(floor[j]))},
             "group_values": group_values(view, col, np.where(view.present[:, col], vals, np.nan), [row]),
         }
+        if mad[j] > 0:  # each rank's score on the rule's scale, beside the threshold z
+            z_all = np.abs(y[:, j] - med[j]) / (_SIGMA * mad[j])
+            evidence["robust_z_by_rank"] = {r: num(z_all[int(np.flatnonzero(view.ranks == int(r))[0])])
+                                            for r in evidence["group_values"]["by_rank"]}
         return [make_verdict(self.name, view, row, col, ties, evidence)]
 
     @staticmethod

@@ -91,5 +91,9 @@ class ReplicaDetector:
             "stats": stats_dict(view, row, col), "majority_stats": stats_dict(view, ref_row, col),
             "deviating_ranks": sorted(int(view.ranks[r]) for r in deviants)[:MAX_EVIDENCE_RANKS],
             "columns_differing": int(dev.any(axis=0).sum()),
+            # Every compared rank's checksum (flagged ranks first), so a reader sees the groups.
+            "crc32_by_rank": {str(int(view.ranks[r])): None if crc[r] == NO_CRC else f"{int(crc[r]):08x}"
+                              for r in list(dict.fromkeys([row, *deviants, *np.flatnonzero(pres[:, j]).tolist()]))
+                              [:MAX_EVIDENCE_RANKS]},
         }
         return [make_verdict(self.name, view, row, col, ties, evidence)]
