@@ -25,10 +25,12 @@ def build_parser(verb: str) -> argparse.ArgumentParser:
                     help="Ray cluster address (default: the cluster of the rankscope job running on this "
                          "machine, --job picking one when there are several)")
     ap.add_argument("--name", default=None, help="coordinator actor name (default: the only rankscope* actor)")
-    ap.add_argument("--namespace", default=DEFAULT_NAMESPACE)
+    ap.add_argument("--namespace", default=DEFAULT_NAMESPACE, help="Ray namespace (default: %(default)s)")
+    ap.add_argument("--verbose", action="store_true", help="also show Ray's own log lines")
     ap.add_argument("--job", default=None, help="job id, when the coordinator serves several")
     ap.add_argument("--json", action="store_true", help="print the coordinator's answer as JSON")
-    ap.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for the coordinator")
+    ap.add_argument("--timeout", type=float, default=30.0,
+                    help="seconds to wait for the coordinator (default: %(default)s)")
     if verb == "step":
         ap.add_argument("n", type=int, help="run N more steps, then pause again")
     if verb == "collect":
@@ -93,7 +95,7 @@ def main(argv: list[str]) -> int:
             rec = pick(args.job)
             args.address, args.namespace = rec.address, rec.namespace
             args.name = args.name or rec.name
-        connect_ray(args.address, args.namespace)
+        connect_ray(args.address, args.namespace, verbose=args.verbose)
         coord = Coordinator.find(args.name, args.namespace, job=args.job)
     except (CoordinatorError, NoSuchJob) as exc:
         print(f"rankscope {verb}: {exc}", file=sys.stderr)

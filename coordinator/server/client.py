@@ -19,14 +19,16 @@ class CoordinatorError(RuntimeError):
     """A coordinator call failed; the message is one line for a terminal."""
 
 
-def connect_ray(address: str | None, namespace: str = DEFAULT_NAMESPACE, *, num_cpus: int | None = None) -> bool:
+def connect_ray(address: str | None, namespace: str = DEFAULT_NAMESPACE, *, num_cpus: int | None = None,
+                verbose: bool = False) -> bool:
     """Join the Ray cluster at ``address`` or, with ``None``, start a private local one.
 
     Returns whether this process started the cluster (and so must shut it down). Never
     joins a cluster it was not told about: a local Ray found by chance belongs to
-    another job.
+    another job. Ray's own log lines are shown only when ``verbose``.
     """
     import ray
+    quiet_ray(not verbose)
     if ray.is_initialized():
         return False
     opts: dict[str, Any] = dict(namespace=namespace, log_to_driver=False, configure_logging=False)
@@ -41,6 +43,12 @@ def connect_ray(address: str | None, namespace: str = DEFAULT_NAMESPACE, *, num_
         raise CoordinatorError(f"no Ray cluster at {address!r}: {str(exc).splitlines()[0] if str(exc) else exc!r}") \
             from None
     return False
+
+
+def quiet_ray(quiet: bool = True) -> None:
+    """Ray's warnings (token authentication, start-up notes) are about Ray, not about the
+    job: a user of these commands sees them only when asking for them."""
+    logging.getLogger("ray").setLevel(logging.ERROR if quiet else logging.NOTSET)
 
 
 def disconnect_ray() -> None:
