@@ -46,6 +46,24 @@ class AttachWatch:
         return new
 
 
+def heard_from(info: dict[str, Any]) -> bool:
+    """A rank the coordinator has a registration or a step from (not merely expected
+    because another rank's world size counts it)."""
+    step = info.get("step")
+    return info.get("pid") is not None or (isinstance(step, int) and step >= 0)
+
+
+def attached_ranks(status: dict[str, Any] | None) -> list[int]:
+    ranks = (status or {}).get("ranks") or {}
+    return sorted(int(r) for r, info in ranks.items() if heard_from(info or {}))
+
+
+def silent_ranks(status: dict[str, Any] | None) -> list[int]:
+    """Ranks the job's world size promises that never said a word."""
+    ranks = (status or {}).get("ranks") or {}
+    return sorted(int(r) for r, info in ranks.items() if not heard_from(info or {}))
+
+
 @dataclass
 class Coverage:
     """What was watched: ranks the coordinator heard from, and the ones that never attached."""
@@ -58,9 +76,11 @@ class Coverage:
     @classmethod
     def of(cls, status: dict[str, Any] | None, failures: dict[int, dict[str, Any]]) -> "Coverage":
         status = status or {}
-        watched = sorted(int(r) for r in (status.get("ranks") or {}))
+        watched = attached_ranks(status)
         # A process that failed once and attached later (a restarted worker) is watched.
         unwatched = [n for n in failures.values() if n.get("rank") is None or int(n["rank"]) not in watched]
+        noted = {n.get("rank") for n in unwatched}
+        unwatched += [{"rank": r, "reason": "never attached"} for r in silent_ranks(status) if r not in noted]
         judged = status.get("last_judged_step")
         return cls(watched, unwatched, judged if isinstance(judged, int) and judged >= 0 else None)
 
@@ -77,18 +97,20 @@ class Coverage:
 def end_of_run_line(cov: Coverage, rc: int, found_divergence: bool) -> str:
     """The closing line; claims nothing about ranks or steps that were not watched."""
     tail = f"command exited with {rc}"
+    missed = ", ".join(f"{rank_name(n.get('rank'), n.get('pid'))} ({_how_missed(n)})" for n in cov.unwatched)
     if not cov.watched:
-        why = (f"{len(cov.unwatched)} rank(s) failed to attach"
-               if cov.unwatched else "no rank attached (did the command import MindSpore?)")
+        why = f"UNWATCHED: {missed}" if missed else "no rank attached (did the command import MindSpore?)"
         return f"NOTHING WAS WATCHED: {why}; {tail}"
     steps = (f", steps through {cov.last_judged_step} compared" if cov.last_judged_step is not None
              else ", no step was compared")
-    missed = ""
-    if cov.unwatched:
-        missed = "; UNWATCHED: " + ", ".join(rank_name(n.get("rank"), n.get("pid")) for n in cov.unwatched)
+    missed = f"; UNWATCHED: {missed}" if missed else ""
     if found_divergence:
         return f"{cov.ranks_text()}{steps}{missed}"
     return f"no divergence found in {cov.ranks_text()}{steps}{missed}; {tail}"
+
+
+def _how_missed(note: dict[str, Any]) -> str:
+    return "never attached" if note.get("reason") == "never attached" else "failed to attach"
 
 
 def exit_status(cov: Coverage, rc: int, allow_unwatched: bool) -> int:

@@ -20,11 +20,21 @@ def check_config(config: Path | None, on_divergence: str | None) -> dict:
     """The ``cluster`` section the coordinator runs with, after checking every section of
     the file (the ranks read the same file: a field they would reject fails here)."""
     from rankscope.config.errors import ConfigError
+    from rankscope.config.file import read_config_file
     from rankscope.config.job import job_cluster_section
+    from rankscope.config.rdr import resolve_rdr
     try:
-        return job_cluster_section(config, on_divergence)
+        cluster = job_cluster_section(config, on_divergence)
     except ConfigError as exc:
         raise UsageError(f"--config {config}: {exc.reason if exc.field == 'config_path' else exc}") from None
+    try:
+        # The ranks inherit this environment, and read MS_RDR_* where the file is silent.
+        resolve_rdr(read_config_file(config).get("rdr") if config is not None else None, os.environ)
+    except ConfigError as exc:
+        if exc.field.startswith("MS_RDR"):
+            raise UsageError(f"environment variable {exc.field}={exc.value!r}: {exc.reason}") from None
+        raise UsageError(f"--config {config}: {exc}") from None
+    return cluster
 
 
 def resolve_command(cmd: list[str], path: str | None) -> list[str]:

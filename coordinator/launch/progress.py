@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from rankscope.coordinator.launch.coverage import attached_ranks
+
 
 class ProgressPrinter:
     def __init__(self, say: Callable[[str], None], every_steps: int = 1) -> None:
@@ -19,10 +21,11 @@ class ProgressPrinter:
 
     def update(self, status: dict[str, Any]) -> None:
         ranks = status.get("ranks") or {}
-        if len(ranks) != self._ranks:
-            self._ranks = len(ranks)
-            ids = ", ".join(str(r) for r in sorted(ranks, key=lambda r: int(r)))
-            self.say(f"{self._ranks} rank(s) attached: {ids}" if ranks else "waiting for ranks to attach")
+        attached = attached_ranks(status)
+        if len(attached) != self._ranks:
+            self._ranks = len(attached)
+            ids = ", ".join(map(str, attached))
+            self.say(f"{self._ranks} rank(s) attached: {ids}" if attached else "waiting for ranks to attach")
         judged = status.get("last_judged_step")
         if judged is not None and judged >= 0 and judged != self._judged \
                 and (judged - self._judged >= self.every_steps or self._judged < 0):
