@@ -64,6 +64,13 @@ def main(argv: list[str] | None = None) -> int:
         rest = [cmd, *rest]
     try:
         return int(module.main(rest) or 0)
+    except ModuleNotFoundError as exc:
+        if exc.name != "ray":
+            raise
+        # The rank-side install has no Ray; the coordinator's commands need it.
+        print(f"rankscope {cmd}: needs Ray, which this installation lacks "
+              "(pip install 'rankscope[coordinator]')", file=sys.stderr)
+        return 1
     except OSError as exc:
         # What a user's input or machine can cause (a path that cannot be made or read, a
         # port in use) is one line naming it; anything else is a bug and keeps its traceback.
