@@ -14,6 +14,7 @@ import sys
 import time
 from typing import Any
 
+from rankscope.coordinator.launch.progress import shown
 from rankscope.coordinator.server.actor import DEFAULT_NAMESPACE
 
 VERBS = ("status", "pause", "resume", "step", "terminate", "export", "collect")
@@ -42,20 +43,21 @@ def build_parser(verb: str) -> argparse.ArgumentParser:
 
 def format_status(st: dict) -> str:
     ranks = st.get("ranks") or {}
-    lines = [f"coordinator {st.get('endpoint')}  job {st.get('job') or '(any)'}  "
+    lines = [f"coordinator {shown(st.get('endpoint'))}  job {st.get('job') or '(any)'}  "
              f"agents {st.get('peers', 0)}  records {st.get('metrics', {}).get('records_ingested', 0)}  "
-             f"last judged step {st.get('last_judged_step')}  lag {st.get('lag_steps', 0):g} step(s)"
+             f"last judged step {shown(st.get('last_judged_step'))}  lag {st.get('lag_steps', 0):g} step(s)"
              + ("  TERMINATED" if st.get("terminated") else "")]
     if ranks:
-        lines.append("ranks: " + ", ".join(f"{r}:{v.get('state')}@{v.get('step')}"
+        lines.append("ranks: " + ", ".join(f"{r}:{shown(v.get('state'))}@{shown(v.get('step'))}"
                                              for r, v in sorted(ranks.items(), key=lambda kv: int(kv[0]))))
     else:
         lines.append("ranks: none attached")
     incs = st.get("incidents") or []
     lines.append(f"incidents: {len(incs)}")
     for inc in incs:
-        lines.append(f"  {inc.get('incident_id')}: {inc.get('detector')} rank {inc.get('first_diverging_rank')} "
-                     f"step {inc.get('step')} {inc.get('tensor') or ''} [{inc.get('state')}] {inc.get('dir', '')}")
+        lines.append(f"  {inc.get('incident_id')}: {shown(inc.get('detector'))} "
+                     f"rank {shown(inc.get('first_diverging_rank'))} step {shown(inc.get('step'))} "
+                     f"tensor {shown(inc.get('tensor'))} [{shown(inc.get('state'))}] {inc.get('dir') or ''}".rstrip())
     if st.get("collect"):
         lines.append("collect: " + format_collect(st["collect"]))
     return "\n".join(lines)

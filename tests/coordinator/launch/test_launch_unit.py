@@ -120,3 +120,13 @@ def test_agent_mode_requires_a_shared_job_id(tmp_path):
 def test_the_attach_directory_is_the_installed_packages():
     from rankscope.coordinator.launch.env import ATTACH_DIR
     assert (ATTACH_DIR / "sitecustomize.py").is_file()
+
+
+def test_nothing_known_is_a_dash_never_none():
+    from rankscope.coordinator.cli.control import format_status
+    verdict = format_verdict({"first_diverging_rank": 1, "detector": "manual", "step": None, "tensor": None})
+    status = format_status({"endpoint": None, "last_judged_step": None, "ranks": {"0": {"state": "expected",
+                            "step": None}}, "incidents": [{"incident_id": "i1", "detector": "manual",
+                                                           "first_diverging_rank": None, "step": None}]})
+    for text in (verdict, status):
+        assert "None" not in text and "—" in text, text
