@@ -39,6 +39,8 @@ def main(argv: list[str]) -> int:
         rows = run_scale(sizes, args.tensors, args.min_records, log=say)
         print(json.dumps({"scale": rows}), flush=True)
         return 0 if all(r["correct"] for r in rows) else 1
+    if args.ranks < 1 or args.tensors < 3 or args.steps < 2:
+        ap.error(f"need --ranks >= 1, --tensors >= 3, --steps >= 2 (got {args.ranks}, {args.tensors}, {args.steps})")
     if args.fault_rank is not None and not 0 <= args.fault_rank < args.ranks:
         ap.error(f"--fault-rank {args.fault_rank} is not in [0, {args.ranks})")
     out = run_ingest(args.ranks, args.tensors, args.steps, nodes=args.nodes, fault_rank=args.fault_rank,

@@ -108,3 +108,19 @@ def test_a_command_with_no_rank_is_not_called_a_clean_run(tmp_path):
     # Ray's own chatter (start-up notes, the token notice) only with --verbose.
     assert "Token authentication" not in text and "INFO" not in text, text
     assert len(out.stderr.strip().splitlines()) == 2, out.stderr
+
+
+def test_an_unreachable_ray_cluster_is_one_line_and_quick(tmp_path):
+    import socket
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    for argv in (["status", "--address", f"127.0.0.1:{port}"],
+                 ["export", "--address", f"127.0.0.1:{port}"],
+                 ["launch", "--export-dir", str(tmp_path / "o"), "--address", f"127.0.0.1:{port}", "--", "true"]):
+        t0 = time.monotonic()
+        out = rankscope(*argv, cwd=tmp_path)
+        err = out.stderr.strip()
+        assert out.returncode == 1, (argv, out.returncode, err)
+        assert err.splitlines() == [f"rankscope {argv[0]}: no Ray cluster at '127.0.0.1:{port}': Connection refused"], err
+        assert time.monotonic() - t0 < 60, argv
