@@ -8,6 +8,7 @@ the first problem becomes one :class:`ConfigError` naming the field, the value a
 """
 from __future__ import annotations
 
+import difflib
 from typing import Any, Iterable
 
 from rankscope.config.errors import ConfigError
@@ -84,6 +85,14 @@ def check_msprobe_fields(raw: Any, skip: Iterable[str] = ()) -> None:
         raise to_config_error(error)
 
 
+def unknown_field(key: str, known: Iterable[str]) -> str:
+    """The expectation for a key that is not in ``known``: the likely intended one first."""
+    known = sorted(known)
+    close = difflib.get_close_matches(key, known, n=1, cutoff=0.75)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    return f"unknown field; {hint}known: {', '.join(known)}"
+
+
 def to_config_error(error: Any) -> ConfigError:
     """One jsonschema ValidationError as the field (dotted; list positions are not part
     of a field's name, the element is the value), the value and the expectation."""
@@ -91,7 +100,6 @@ def to_config_error(error: Any) -> ConfigError:
     if error.validator == "additionalProperties":
         known = error.schema.get("properties", {})
         extra = sorted(k for k in error.instance if k not in known)[0]
-        return ConfigError(".".join([*names, extra]), error.instance[extra],
-                           f"unknown field (known: {', '.join(sorted(known))})")
+        return ConfigError(".".join([*names, extra]), error.instance[extra], unknown_field(extra, known))
     reason = error.schema.get("x-expected") or error.message
     return ConfigError(".".join(names) or "config", error.instance, reason)

@@ -36,7 +36,7 @@ def assert_one_line_refusal(out: subprocess.CompletedProcess, *needles: str) -> 
 
 @pytest.mark.parametrize("config, needles", [
     # The typo a user makes: misspelt key in the probe's own section.
-    ({"task": "statistics", "levle": "L0"}, ["'levle'", "'L0'", "unknown field"]),
+    ({"task": "statistics", "levle": "L0"}, ["'levle'", "'L0'", "unknown field", "did you mean 'level'?"]),
     ({"task": "statistics", "level": "L9"}, ["'level'", "'L9'", "expected one of"]),
     ({"statistics": {"data_mode": ["sideways"]}}, ["statistics.data_mode", "'sideways'"]),
     ({"cluster": {"detectors": {"outlier": {"z": -1}}}}, ["cluster.detectors.outlier.z", "-1"]),
