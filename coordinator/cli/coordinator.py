@@ -51,8 +51,9 @@ def cluster_section(config: Path | None, on_divergence: str | None) -> dict:
     try:
         return job_cluster_section(config, on_divergence)  # fail here, not inside the actor
     except ConfigError as exc:
-        raise SystemExit(f"rankscope coordinator: --config {config}: "
-                         f"{exc.reason if exc.field == 'config_path' else exc}") from None
+        print(f"rankscope coordinator: --config {config}: {exc.reason if exc.field == 'config_path' else exc}",
+              file=sys.stderr)
+        raise SystemExit(2) from None  # a usage error, like argparse's
 
 
 def curve_keys(secret: Path | None, allow_dir: Path | None) -> dict | None:
