@@ -24,13 +24,13 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="example: rankscope launch --export-dir out -- msrun --worker_num=4 "
                "--local_worker_num=4 --join=True train.py",
     )
-    p.add_argument("--export-dir", default="rankscope-out", type=Path,
+    p.add_argument("--export-dir", default="rankscope-out", type=Path, metavar="DIR",
                    help="where incidents, bundles, reports and local dumps go (default: %(default)s)")
-    p.add_argument("--config", type=Path,
+    p.add_argument("--config", type=Path, metavar="FILE",
                    help="config.json (msProbe fields + rankscope's cluster/rdr); checked whole before the start")
     p.add_argument("--on-divergence", choices=ACTIONS,
                    help="what to do at the first divergence (default: the config's, else pause)")
-    p.add_argument("--address", help="Ray cluster to join (default: start a private local Ray)")
+    p.add_argument("--address", metavar="HOST:PORT", help="Ray cluster to join (default: start a private local Ray)")
     p.add_argument("--job", help="job id (default: generated; required with --agent, the same on every node)")
     p.add_argument("--agent", metavar="ENDPOINT",
                    help="multi-node: attach ranks to the node agent already running on this host "
@@ -41,13 +41,13 @@ def build_parser() -> argparse.ArgumentParser:
                         f"(default: such a run exits {UNWATCHED_EXIT} after a successful command)")
     p.add_argument("--quiet", action="store_true", help="no progress lines, only the verdict and warnings")
     p.add_argument("--verbose", action="store_true", help="also show Ray's own log lines")
-    p.add_argument("--grace", type=float, default=10.0,
+    p.add_argument("--grace", type=float, default=10.0, metavar="SECONDS",
                    help="seconds to let a terminated job exit on its own before its process tree is "
                         "killed (msrun's scheduler otherwise waits for its own node timeout; "
                         "default: %(default)s)")
-    p.add_argument("--log", type=Path,
+    p.add_argument("--log", type=Path, metavar="FILE",
                    help="send CMD's stdout/stderr to this file instead of the terminal")
-    p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- then the command to run and its arguments")
+    p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ...", help="the command to run and its arguments")
     return p
 
 
