@@ -39,8 +39,12 @@ class AttachWatch:
 
     def poll(self) -> list[dict[str, Any]]:
         new = [n for pid, n in read_failures(self.folder).items() if pid not in self.failures]
+        warned = {_who(n) for n in self.failures.values()}
         for note in new:
             self.failures[int(note["pid"])] = note
+            if _who(note) in warned:
+                continue  # another process of that rank (a data-loader worker, a restart)
+            warned.add(_who(note))
             self.warn(f"{rank_name(note.get('rank'), note.get('pid'))} failed to attach and runs UNWATCHED "
                       f"(pid {note.get('pid')} on {note.get('host')}): {note.get('reason')}")
         return new
@@ -64,6 +68,11 @@ def silent_ranks(status: dict[str, Any] | None) -> list[int]:
     return sorted(int(r) for r, info in ranks.items() if not heard_from(info or {}))
 
 
+def _who(note: dict[str, Any]) -> tuple[str, Any]:
+    """One entry per rank; a process with no rank id is itself."""
+    return ("rank", int(note["rank"])) if note.get("rank") is not None else ("pid", note.get("pid"))
+
+
 @dataclass
 class Coverage:
     """What was watched: ranks the coordinator heard from, and the ones that never attached."""
@@ -78,7 +87,8 @@ class Coverage:
         status = status or {}
         watched = attached_ranks(status)
         # A process that failed once and attached later (a restarted worker) is watched.
-        unwatched = [n for n in failures.values() if n.get("rank") is None or int(n["rank"]) not in watched]
+        unwatched = list({_who(n): n for n in failures.values()
+                          if n.get("rank") is None or int(n["rank"]) not in watched}.values())
         noted = {n.get("rank") for n in unwatched}
         unwatched += [{"rank": r, "reason": "never attached"} for r in silent_ranks(status) if r not in noted]
         judged = status.get("last_judged_step")

@@ -75,3 +75,16 @@ def test_attach_watch_warns_once_per_process(tmp_path):
 
 def test_write_failure_outside_launch_is_a_no_op():
     assert write_failure(0, "x", env={}) is None
+
+
+def test_several_processes_of_one_rank_are_one_unwatched_rank(tmp_path):
+    # A rank's data-loader workers import MindSpore too and fail the same way.
+    for pid in (11, 12):
+        (tmp_path / f"attach-failed-{pid}.json").write_text(json.dumps(
+            {"rank": 1, "pid": pid, "host": "h", "reason": "bad"}))
+    warnings: list[str] = []
+    watch = AttachWatch(tmp_path, warnings.append)
+    watch.poll()
+    assert len(warnings) == 1 and len(watch.failures) == 2
+    cov = Coverage.of(status({"0": RUNNING}), watch.failures)
+    assert cov.ranks_text() == "1 of 2 rank(s) watched (rank 0)"
