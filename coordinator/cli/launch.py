@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from rankscope.coordinator.launch import preflight
-from rankscope.coordinator.launch.coverage import UNWATCHED_EXIT
+from rankscope.coordinator.launch.watched import UNWATCHED_EXIT
 from rankscope.coordinator.launch.preflight import UsageError
 from rankscope.coordinator.launch.runner import ACTIONS, Launch
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from rankscope.coordinator.launch.coverage import attached_ranks
+from rankscope.coordinator.launch.watched import attached_ranks
 
 
 class ProgressPrinter:

@@ -18,10 +18,10 @@ import time
 import uuid
 from pathlib import Path
 
-from rankscope.coordinator.launch.coverage import (
+from rankscope.coordinator.launch.watched import (
     UNWATCHED_EXIT,
     AttachWatch,
-    Coverage,
+    WatchedRanks,
     end_of_run_line,
     exit_status,
 )
@@ -165,12 +165,12 @@ class Launch:
         if self.coordinator is None:
             self.say(f"command exited with {rc}; the cluster coordinator holds any verdict "
                      f"(rankscope status --job {self.job})")
-            cov = Coverage(watched=None, unwatched=list(self.attach_watch.failures.values()))
+            cov = WatchedRanks(watched=None, unwatched=list(self.attach_watch.failures.values()))
             self._say_unwatched(cov, allow)
             return exit_status(cov, rc, allow)
         incidents = self.coordinator.drain(30.0)
         status = self._final_status()
-        cov = Coverage.of(status, self.attach_watch.failures)
+        cov = WatchedRanks.of(status, self.attach_watch.failures)
         watched = self.watched_line(status)
         if not incidents:
             line = end_of_run_line(cov, rc, found_divergence=False)
@@ -205,7 +205,7 @@ class Launch:
             return self.last_status
 
     @staticmethod
-    def _say_unwatched(cov: Coverage, allow: bool) -> None:
+    def _say_unwatched(cov: WatchedRanks, allow: bool) -> None:
         if cov.complete or allow:
             return
         print_loud(f"exit status {UNWATCHED_EXIT}: ranks ran unwatched (pass --allow-unwatched to accept "

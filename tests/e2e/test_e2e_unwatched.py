@@ -12,7 +12,7 @@ import pytest
 from repo_paths import REPO
 
 from rankscope.coordinator.cli.demo import msrun_command
-from rankscope.coordinator.launch.coverage import UNWATCHED_EXIT
+from rankscope.coordinator.launch.watched import UNWATCHED_EXIT
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
 JOB = REPO / "tests" / "e2e" / "jobs" / "one_rank_unattached.py"

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from rankscope.coordinator.launch.coverage import UNWATCHED_EXIT
+from rankscope.coordinator.launch.watched import UNWATCHED_EXIT
 
 # Refusals come before Ray: a refusal that took this long started something first.
 BEFORE_RAY_S = 20.0

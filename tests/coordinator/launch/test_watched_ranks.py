@@ -4,10 +4,10 @@ from __future__ import annotations
 import json
 import os
 
-from rankscope.coordinator.launch.coverage import (
+from rankscope.coordinator.launch.watched import (
     UNWATCHED_EXIT,
     AttachWatch,
-    Coverage,
+    WatchedRanks,
     end_of_run_line,
     exit_status,
 )
@@ -21,7 +21,7 @@ def status(ranks: dict, judged: int | None = 5) -> dict:
 
 
 def test_all_watched_is_a_clean_run():
-    cov = Coverage.of(status({"0": RUNNING, "1": RUNNING, "2": RUNNING, "3": RUNNING}), {})
+    cov = WatchedRanks.of(status({"0": RUNNING, "1": RUNNING, "2": RUNNING, "3": RUNNING}), {})
     line = end_of_run_line(cov, 0, found_divergence=False)
     assert line == "no divergence found in 4 of 4 rank(s) watched (ranks 0-3), steps through 5 compared; " \
                    "command exited with 0"
@@ -30,7 +30,7 @@ def test_all_watched_is_a_clean_run():
 
 def test_a_rank_that_failed_to_attach_is_named_and_the_run_is_not_clean():
     failures = {7: {"rank": 2, "pid": 7, "reason": "config field 'x' = 1: bad"}}
-    cov = Coverage.of(status({"0": RUNNING, "1": RUNNING}), failures)
+    cov = WatchedRanks.of(status({"0": RUNNING, "1": RUNNING}), failures)
     line = end_of_run_line(cov, 0, found_divergence=False)
     assert "2 of 3 rank(s) watched (ranks 0, 1)" in line
     assert "UNWATCHED: rank 2 (failed to attach)" in line
@@ -41,7 +41,7 @@ def test_a_rank_that_failed_to_attach_is_named_and_the_run_is_not_clean():
 
 def test_a_rank_only_expected_from_the_world_size_is_not_watched():
     # The coordinator lists rank 3 because the others' world size is 4; it never spoke.
-    cov = Coverage.of(status({"0": RUNNING, "1": RUNNING, "2": RUNNING,
+    cov = WatchedRanks.of(status({"0": RUNNING, "1": RUNNING, "2": RUNNING,
                               "3": {"state": "expected", "step": -1, "pid": None}}), {})
     assert cov.watched == [0, 1, 2]
     assert "UNWATCHED: rank 3 (never attached)" in end_of_run_line(cov, 0, False)
@@ -49,14 +49,14 @@ def test_a_rank_only_expected_from_the_world_size_is_not_watched():
 
 
 def test_nothing_watched_never_says_no_divergence():
-    cov = Coverage.of(status({}, judged=None), {})
+    cov = WatchedRanks.of(status({}, judged=None), {})
     line = end_of_run_line(cov, 0, found_divergence=False)
     assert "no divergence" not in line and line.startswith("NOTHING WAS WATCHED: no rank attached")
     assert exit_status(cov, 0, False) == UNWATCHED_EXIT
 
 
 def test_a_restarted_rank_that_attached_later_counts_as_watched():
-    cov = Coverage.of(status({"0": RUNNING, "1": RUNNING}), {9: {"rank": 1, "pid": 9, "reason": "x"}})
+    cov = WatchedRanks.of(status({"0": RUNNING, "1": RUNNING}), {9: {"rank": 1, "pid": 9, "reason": "x"}})
     assert cov.complete and exit_status(cov, 0, False) == 0
 
 
@@ -86,5 +86,5 @@ def test_several_processes_of_one_rank_are_one_unwatched_rank(tmp_path):
     watch = AttachWatch(tmp_path, warnings.append)
     watch.poll()
     assert len(warnings) == 1 and len(watch.failures) == 2
-    cov = Coverage.of(status({"0": RUNNING}), watch.failures)
+    cov = WatchedRanks.of(status({"0": RUNNING}), watch.failures)
     assert cov.ranks_text() == "1 of 2 rank(s) watched (rank 0)"

@@ -1,4 +1,5 @@
-"""Which ranks ``rankscope launch`` actually watched, and the end-of-run line that says so.
+"""Which ranks ``rankscope launch`` actually watched, and the end-of-run line that says so
+(the steps each was seen at are the coordinator's coverage, :mod:`rankscope.coordinator.logic.coverage`).
 
 A verdict of "no divergence" is only worth what was watched: a rank that failed to
 attach trains on unwatched, so launch warns the moment it learns of one, counts it, and
@@ -74,7 +75,7 @@ def _who(note: dict[str, Any]) -> tuple[str, Any]:
 
 
 @dataclass
-class Coverage:
+class WatchedRanks:
     """What was watched: ranks the coordinator heard from, and the ones that never attached."""
 
     #: None when another process (the cluster's coordinator) knows which ranks it heard from.
@@ -83,7 +84,7 @@ class Coverage:
     last_judged_step: int | None = None
 
     @classmethod
-    def of(cls, status: dict[str, Any] | None, failures: dict[int, dict[str, Any]]) -> "Coverage":
+    def of(cls, status: dict[str, Any] | None, failures: dict[int, dict[str, Any]]) -> "WatchedRanks":
         status = status or {}
         watched = attached_ranks(status)
         # A process that failed once and attached later (a restarted worker) is watched.
@@ -104,7 +105,7 @@ class Coverage:
         return f"{len(watched)} of {len(watched) + len(self.unwatched)} rank(s) watched" + (f" ({ids})" if ids else "")
 
 
-def end_of_run_line(cov: Coverage, rc: int, found_divergence: bool) -> str:
+def end_of_run_line(cov: WatchedRanks, rc: int, found_divergence: bool) -> str:
     """The closing line; claims nothing about ranks or steps that were not watched."""
     tail = f"command exited with {rc}"
     missed = ", ".join(f"{rank_name(n.get('rank'), n.get('pid'))} ({_how_missed(n)})" for n in cov.unwatched)
@@ -123,7 +124,7 @@ def _how_missed(note: dict[str, Any]) -> str:
     return "never attached" if note.get("reason") == "never attached" else "failed to attach"
 
 
-def exit_status(cov: Coverage, rc: int, allow_unwatched: bool) -> int:
+def exit_status(cov: WatchedRanks, rc: int, allow_unwatched: bool) -> int:
     """The command's own failure wins; a success with unwatched ranks is not one."""
     if rc != 0 or allow_unwatched or cov.complete:
         return rc
