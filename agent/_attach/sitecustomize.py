@@ -34,7 +34,11 @@ def _attach() -> None:
         from rankscope.probe.autoattach import install
         install()
     except Exception as exc:  # never block the user's program
-        print(f"[rankscope] attach failed, running unprobed: {exc!r}", file=sys.stderr)
+        try:
+            from rankscope.probe.autoattach import report_attach_failure
+            report_attach_failure(exc)
+        except Exception:
+            print(f"[rankscope] attach failed, running unprobed: {exc!r}", file=sys.stderr)
 
 
 try:

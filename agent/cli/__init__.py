@@ -32,16 +32,28 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 
 def _usage() -> str:
     width = max(map(len, SUBCOMMANDS))
-    lines = ["usage: rankscope <command> [options]", "", "commands:"]
+    lines = ["usage: rankscope <command> [options]", "       rankscope --version", "", "commands:"]
     lines += [f"  {name:<{width}}  {help_}" for name, (_, help_) in SUBCOMMANDS.items()]
     lines += ["", "rankscope <command> --help for a command's options."]
     return "\n".join(lines)
 
 
+def version() -> str:
+    import rankscope
+    return str(rankscope.__version__)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] in ("-h", "--help", "help"):
+    if not argv:
+        # No command is a usage error (exit 2), as argparse treats a missing argument.
+        print(_usage(), file=sys.stderr)
+        return 2
+    if argv[0] in ("-h", "--help", "help"):
         print(_usage())
+        return 0
+    if argv[0] in ("-V", "--version"):
+        print(f"rankscope {version()}")
         return 0
     cmd, rest = argv[0], argv[1:]
     if cmd not in SUBCOMMANDS:
@@ -51,7 +63,25 @@ def main(argv: list[str] | None = None) -> int:
     # Control commands share one module; they need to know which verb was typed.
     if SUBCOMMANDS[cmd][0] == "rankscope.coordinator.cli.control":
         rest = [cmd, *rest]
-    return int(module.main(rest) or 0)
+    try:
+        return int(module.main(rest) or 0)
+    except ModuleNotFoundError as exc:
+        if exc.name != "ray":
+            raise
+        # The rank-side install has no Ray; the coordinator's commands need it.
+        print(f"rankscope {cmd}: needs Ray, which this installation lacks "
+              "(pip install 'rankscope[coordinator]')", file=sys.stderr)
+        return 1
+    except OSError as exc:
+        # What a user's input or machine can cause (a path that cannot be made or read, a
+        # port in use) is one line naming it; anything else is a bug and keeps its traceback.
+        print(f"rankscope {cmd}: {_os_error(exc)}", file=sys.stderr)
+        return 1
+
+
+def _os_error(exc: OSError) -> str:
+    where = f"{exc.filename}: " if exc.filename else ""
+    return f"{where}{exc.strerror or exc}"
 
 
 if __name__ == "__main__":

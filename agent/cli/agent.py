@@ -18,7 +18,7 @@ from rankscope.wire.transport import CurveKeys, TransportError, is_local
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="rankscope agent", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="rankscope agent", description=__doc__.split("\n\n")[0].replace("``", ""))
     p.add_argument("--listen", required=True,
                    help="endpoint the ranks of this host connect to (ipc://PATH or tcp://127.0.0.1:PORT)")
     p.add_argument("--coordinator", default=None,
@@ -49,7 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "differs are judged by heartbeats only, not by pid")
     p.add_argument("--allow-dir", default=None,
                    help="client public keys admitted on a non-local --listen (with --curve-secret)")
-    p.add_argument("--log-level", default="INFO")
+    p.add_argument("--log-level", default="INFO",
+                   help="DEBUG, INFO, WARNING or ERROR (default: %(default)s)")
     return p
 
 

@@ -52,5 +52,6 @@ def known_keys(fld: str, section: Any, allowed: Iterable[str]) -> dict:
     for key in section:
         if key not in allowed:
             where = f"{fld}.{key}" if fld else str(key)
-            raise ConfigError(where, section[key], f"unknown field (known: {', '.join(sorted(allowed))})")
+            from rankscope.config.schema import unknown_field
+            raise ConfigError(where, section[key], unknown_field(str(key), allowed))
     return section

@@ -4,7 +4,8 @@ The file format is msProbe's (seeds/001) so an existing msProbe config.json work
 unchanged. Validation is strict and happens at construction: a misspelt key or a
 wrong type silently ignored would mean a whole training run without the dump the
 user asked for, so every problem raises :class:`ConfigError` naming the field and
-the offending value. msProbe keys this probe does not act on (e.g. ``async_dump``,
+the offending value. Shapes, types, choices and unknown keys are checked against a
+JSON Schema (:mod:`.schema`); msProbe's step/rank range strings here. msProbe keys this probe does not act on (e.g. ``async_dump``,
 ``acc_check``) are accepted and ignored, so msProbe configs stay valid.
 
 Precedence follows msProbe: constructor arguments > config.json > msProbe defaults
@@ -16,33 +17,15 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from rankscope.config.checks import choice, is_int, known_keys, str_list
+from rankscope.config.checks import choice, is_int
 from rankscope.config.cluster import ClusterSettings, parse_cluster
 from rankscope.config.errors import ConfigError
 from rankscope.config.file import read_config_file
+from rankscope.config.schema import LEVELS, TASKS, check_msprobe_fields
 
-TASKS = ("statistics", "tensor")
-LEVELS = ("L0", "L1", "mix", "debug")
-SUMMARY_MODES = ("statistics", "md5")
-DATA_MODES = ("all", "input", "output", "forward", "backward")
 
 #: msProbe's own bounds for step/rank numbers.
 STEP_RANK_MAX = 1_000_000
-
-# Top-level keys msProbe understands but this probe does not act on: accepted so an
-# msProbe config.json loads unchanged, ignored otherwise.
-_MSPROBE_IGNORED_TOP = frozenset({
-    "extra_info", "async_dump", "precision", "dump_enable", "risk_level",
-    "custom_op_namespaces", "load", "acc_check", "overflow_check", "free_benchmark",
-    "run_ut", "grad_probe", "structure", "exception_dump", "diff_check", "nan_check",
-})
-_TOP_KEYS = frozenset({"task", "dump_path", "rank", "step", "level", "statistics", "tensor",
-                       "rdr", "cluster"}) | _MSPROBE_IGNORED_TOP
-# Task-section keys msProbe understands beyond the four we use.
-_TASK_IGNORED = frozenset({"slice", "request_id", "diff_nums", "device", "precision",
-                           "tensor_list", "file_format", "online_run_ut", "nfs_path",
-                           "host", "port", "error_data_path", "bench_path"})
-_TASK_KEYS = frozenset({"scope", "list", "data_mode", "summary_mode"}) | _TASK_IGNORED
 
 
 @dataclass
@@ -106,29 +89,11 @@ def _parse_step_or_rank(value: Any, fname: str) -> list[int]:
 
 
 def _task_section(raw: dict, task: str) -> tuple[list[str], list[str], list[str], str]:
-    # Validate both sections if present (a typo in the unused one is still a typo),
-    # but take the values from the section of the effective task, as msProbe does.
-    parsed = {}
-    for name in TASKS:
-        sec = raw.get(name)
-        if sec is None:
-            sec = {}
-        known_keys(name, sec, _TASK_KEYS)
-        scope = str_list(f"{name}.scope", sec.get("scope"))
-        if scope and len(scope) != 2:
-            raise ConfigError(f"{name}.scope", scope, "scope names a [start, end] pair: exactly 2 entries")
-        lst = str_list(f"{name}.list", sec.get("list"))
-        data_mode = str_list(f"{name}.data_mode", sec.get("data_mode")) or ["all"]
-        for mode in data_mode:
-            choice(f"{name}.data_mode", mode, DATA_MODES)
-        if "all" in data_mode and len(data_mode) != 1:
-            raise ConfigError(f"{name}.data_mode", data_mode, "'all' cannot be combined with other modes")
-        summary = sec.get("summary_mode", "statistics")
-        if summary is None:
-            summary = "statistics"
-        choice(f"{name}.summary_mode", summary, SUMMARY_MODES)
-        parsed[name] = (scope, lst, data_mode, summary)
-    return parsed[task]
+    """The effective task's settings, as msProbe takes them (both sections were checked
+    against the schema already: a typo in the unused one is still a typo)."""
+    sec = raw.get(task) or {}
+    return (list(sec.get("scope") or []), list(sec.get("list") or []),
+            list(sec.get("data_mode") or ["all"]), sec.get("summary_mode") or "statistics")
 
 
 def _check_rdr(section: Any) -> dict | None:
@@ -156,7 +121,10 @@ def load_config(config_path: str | os.PathLike | None = None, *, task: str | Non
 def config_from_dict(raw: dict, *, task: str | None = None, dump_path: str | None = None,
                      level: str | None = None, step: list | None = None) -> DebuggerConfig:
     """Same as :func:`load_config` for an already-parsed dict."""
-    known_keys("", raw, _TOP_KEYS)
+    if not isinstance(raw, dict):
+        raise ConfigError("config", raw, "expected a JSON object")
+    given = {"task": task, "level": level, "dump_path": dump_path, "step": step}
+    check_msprobe_fields(raw, skip=[k for k, v in given.items() if v is not None])
     # Constructor arguments are checked under their own names so the error says which one.
     eff_task = choice("task", _first(task, raw.get("task"), "statistics"), TASKS)
     eff_level = choice("level", _first(level, raw.get("level"), "L1"), LEVELS)

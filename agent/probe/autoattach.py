@@ -110,8 +110,21 @@ def _on_mindspore() -> None:
         try:
             _session = AutoSession()
         except Exception as exc:  # noqa: BLE001 - attaching must never stop the program
-            print(f"[rankscope] auto-attach failed, running unprobed: {exc!r}", file=sys.stderr)
+            report_attach_failure(exc)
             _session = None
+
+
+def report_attach_failure(exc: BaseException) -> None:
+    """Say it in this process's output and tell launch, which warns on the terminal."""
+    from rankscope.probe.identity import resolve_rank
+    from rankscope.wire.attach_report import one_line, write_failure
+    reason = one_line(exc)
+    print(f"[rankscope] auto-attach failed, running unprobed: {reason}", file=sys.stderr, flush=True)
+    try:
+        rank, _ = resolve_rank(None)
+    except Exception:  # noqa: BLE001 - the report matters more than the rank id
+        rank = None
+    write_failure(rank, reason)
 
 
 class AutoSession:

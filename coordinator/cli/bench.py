@@ -11,20 +11,22 @@ from rankscope.coordinator.server.ingest_bench import run_ingest, run_scale
 
 
 def main(argv: list[str]) -> int:
-    ap = argparse.ArgumentParser(prog="rankscope bench", description=BENCH_DOC,
+    ap = argparse.ArgumentParser(prog="rankscope bench", description=BENCH_DOC.replace("``", ""),
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = ap.add_subparsers(dest="what", required=True)
+    sub = ap.add_subparsers(dest="what", required=True, help="which benchmark")
     ing = sub.add_parser("ingest", help="records/s into a coordinator actor and detection latency")
-    ing.add_argument("--ranks", type=int, default=256)
-    ing.add_argument("--tensors", type=int, default=128)
-    ing.add_argument("--steps", type=int, default=20)
+    ing.add_argument("--ranks", type=int, default=256, help="simulated ranks (default: %(default)s)")
+    ing.add_argument("--tensors", type=int, default=128, help="tensors per rank and step (default: %(default)s)")
+    ing.add_argument("--steps", type=int, default=20, help="steps per rank (default: %(default)s)")
     ing.add_argument("--nodes", type=int, default=None, help="simulated node agents (processes); default min(2, ranks)")
-    ing.add_argument("--fault-rank", type=int, default=None)
-    ing.add_argument("--export-dir", default=None)
+    ing.add_argument("--fault-rank", type=int, default=None,
+                     help="inject a divergence on this rank to time its detection (default: none)")
+    ing.add_argument("--export-dir", default=None, help="where incidents go (default: a temporary folder)")
     ing.add_argument("--scale", default=None, metavar="R1,R2,...",
                      help="one run per rank count (e.g. 8,64,256,1024), steps sized to --min-records; "
                           "the last line is JSON with every run")
-    ing.add_argument("--min-records", type=int, default=500_000)
+    ing.add_argument("--min-records", type=int, default=500_000,
+                     help="with --scale: records each run sends at least (default: %(default)s)")
     args = ap.parse_args(argv)
     say = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731 - progress on stderr, JSON on stdout
     if args.scale:
@@ -37,6 +39,8 @@ def main(argv: list[str]) -> int:
         rows = run_scale(sizes, args.tensors, args.min_records, log=say)
         print(json.dumps({"scale": rows}), flush=True)
         return 0 if all(r["correct"] for r in rows) else 1
+    if args.ranks < 1 or args.tensors < 3 or args.steps < 2:
+        ap.error(f"need --ranks >= 1, --tensors >= 3, --steps >= 2 (got {args.ranks}, {args.tensors}, {args.steps})")
     if args.fault_rank is not None and not 0 <= args.fault_rank < args.ranks:
         ap.error(f"--fault-rank {args.fault_rank} is not in [0, {args.ranks})")
     out = run_ingest(args.ranks, args.tensors, args.steps, nodes=args.nodes, fault_rank=args.fault_rank,

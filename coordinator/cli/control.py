@@ -14,6 +14,7 @@ import sys
 import time
 from typing import Any
 
+from rankscope.coordinator.launch.progress import shown
 from rankscope.coordinator.server.actor import DEFAULT_NAMESPACE
 
 VERBS = ("status", "pause", "resume", "step", "terminate", "export", "collect")
@@ -25,10 +26,12 @@ def build_parser(verb: str) -> argparse.ArgumentParser:
                     help="Ray cluster address (default: the cluster of the rankscope job running on this "
                          "machine, --job picking one when there are several)")
     ap.add_argument("--name", default=None, help="coordinator actor name (default: the only rankscope* actor)")
-    ap.add_argument("--namespace", default=DEFAULT_NAMESPACE)
+    ap.add_argument("--namespace", default=DEFAULT_NAMESPACE, help="Ray namespace (default: %(default)s)")
+    ap.add_argument("--verbose", action="store_true", help="also show Ray's own log lines")
     ap.add_argument("--job", default=None, help="job id, when the coordinator serves several")
     ap.add_argument("--json", action="store_true", help="print the coordinator's answer as JSON")
-    ap.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for the coordinator")
+    ap.add_argument("--timeout", type=float, default=30.0,
+                    help="seconds to wait for the coordinator (default: %(default)s)")
     if verb == "step":
         ap.add_argument("n", type=int, help="run N more steps, then pause again")
     if verb == "collect":
@@ -40,20 +43,21 @@ def build_parser(verb: str) -> argparse.ArgumentParser:
 
 def format_status(st: dict) -> str:
     ranks = st.get("ranks") or {}
-    lines = [f"coordinator {st.get('endpoint')}  job {st.get('job') or '(any)'}  "
+    lines = [f"coordinator {shown(st.get('endpoint'))}  job {st.get('job') or '(any)'}  "
              f"agents {st.get('peers', 0)}  records {st.get('metrics', {}).get('records_ingested', 0)}  "
-             f"last judged step {st.get('last_judged_step')}  lag {st.get('lag_steps', 0):g} step(s)"
+             f"last judged step {shown(st.get('last_judged_step'))}  lag {st.get('lag_steps', 0):g} step(s)"
              + ("  TERMINATED" if st.get("terminated") else "")]
     if ranks:
-        lines.append("ranks: " + ", ".join(f"{r}:{v.get('state')}@{v.get('step')}"
+        lines.append("ranks: " + ", ".join(f"{r}:{shown(v.get('state'))}@{shown(v.get('step'))}"
                                              for r, v in sorted(ranks.items(), key=lambda kv: int(kv[0]))))
     else:
         lines.append("ranks: none attached")
     incs = st.get("incidents") or []
     lines.append(f"incidents: {len(incs)}")
     for inc in incs:
-        lines.append(f"  {inc.get('incident_id')}: {inc.get('detector')} rank {inc.get('first_diverging_rank')} "
-                     f"step {inc.get('step')} {inc.get('tensor') or ''} [{inc.get('state')}] {inc.get('dir', '')}")
+        lines.append(f"  {inc.get('incident_id')}: {shown(inc.get('detector'))} "
+                     f"rank {shown(inc.get('first_diverging_rank'))} step {shown(inc.get('step'))} "
+                     f"tensor {shown(inc.get('tensor'))} [{shown(inc.get('state'))}] {inc.get('dir') or ''}".rstrip())
     if st.get("collect"):
         lines.append("collect: " + format_collect(st["collect"]))
     return "\n".join(lines)
@@ -93,7 +97,7 @@ def main(argv: list[str]) -> int:
             rec = pick(args.job)
             args.address, args.namespace = rec.address, rec.namespace
             args.name = args.name or rec.name
-        connect_ray(args.address, args.namespace)
+        connect_ray(args.address, args.namespace, verbose=args.verbose)
         coord = Coordinator.find(args.name, args.namespace, job=args.job)
     except (CoordinatorError, NoSuchJob) as exc:
         print(f"rankscope {verb}: {exc}", file=sys.stderr)

@@ -22,7 +22,7 @@ from rankscope.coordinator.server.actor import DEFAULT_NAME, DEFAULT_NAMESPACE
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="rankscope coordinator", description=__doc__,
+    ap = argparse.ArgumentParser(prog="rankscope coordinator", description=__doc__.replace("``", ""),
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--address", default=None,
                     help="Ray cluster address, or 'auto' for the running local one "
@@ -30,7 +30,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--export-dir", type=Path, default=Path("rankscope-out"),
                     help="where incidents/ and dumps/ are written (default: ./rankscope-out)")
     ap.add_argument("--config", type=Path, default=None, help="config.json whose \"cluster\" section applies")
-    ap.add_argument("--on-divergence", choices=("pause", "export", "terminate", "continue"), default=None)
+    ap.add_argument("--on-divergence", choices=("pause", "export", "terminate", "continue"), default=None,
+                    help="what to do at the first divergence (default: the config's, else pause)")
     ap.add_argument("--bind", default="tcp://127.0.0.1:0",
                     help="ZeroMQ endpoint for node agents (non-loopback needs --curve-secret and --allow-dir)")
     ap.add_argument("--curve-secret", type=Path, default=None, help="the coordinator's CURVE .key_secret file")
@@ -40,6 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--namespace", default=DEFAULT_NAMESPACE, help="Ray namespace")
     ap.add_argument("--detached", action="store_true", help="keep the actor running after this command exits")
     ap.add_argument("--endpoint-file", type=Path, default=None, help="also write the endpoint into this file")
+    ap.add_argument("--verbose", action="store_true", help="also show Ray's own log lines")
     return ap
 
 
@@ -49,8 +51,9 @@ def cluster_section(config: Path | None, on_divergence: str | None) -> dict:
     try:
         return job_cluster_section(config, on_divergence)  # fail here, not inside the actor
     except ConfigError as exc:
-        raise SystemExit(f"rankscope coordinator: --config {config}: "
-                         f"{exc.reason if exc.field == 'config_path' else exc}") from None
+        print(f"rankscope coordinator: --config {config}: {exc.reason if exc.field == 'config_path' else exc}",
+              file=sys.stderr)
+        raise SystemExit(2) from None  # a usage error, like argparse's
 
 
 def curve_keys(secret: Path | None, allow_dir: Path | None) -> dict | None:
@@ -63,11 +66,14 @@ def curve_keys(secret: Path | None, allow_dir: Path | None) -> dict | None:
     return {"public": keys.public, "secret": keys.secret, "allow_dir": str(allow_dir.resolve())}
 
 
-def connect_ray(address: str | None, namespace: str, detached: bool) -> None:
+def connect_ray(address: str | None, namespace: str, detached: bool, verbose: bool = False) -> None:
     """Join ``address``, or start a private Ray. A detached coordinator needs a cluster
     that outlives this command, so then a Ray head is started with ``ray start --head``
     (on a free port) rather than inside this process."""
     import ray
+
+    from rankscope.coordinator.server.client import quiet_ray
+    quiet_ray(not verbose)
     if ray.is_initialized():
         return
     if address is None and detached:
@@ -78,7 +84,7 @@ def connect_ray(address: str | None, namespace: str, detached: bool) -> None:
                         "--disable-usage-stats"], check=True, stdout=subprocess.DEVNULL)
         address = f"127.0.0.1:{port}"
     from rankscope.coordinator.server.client import connect_ray as join
-    join(address, namespace)
+    join(address, namespace, verbose=verbose)
 
 
 def main(argv: list[str]) -> int:
@@ -87,7 +93,7 @@ def main(argv: list[str]) -> int:
     curve = curve_keys(args.curve_secret, args.allow_dir)
     from rankscope.coordinator.server.client import Coordinator, CoordinatorError, ray_address
     try:
-        connect_ray(args.address, args.namespace, args.detached)
+        connect_ray(args.address, args.namespace, args.detached, args.verbose)
     except CoordinatorError as exc:
         print(f"rankscope coordinator: {exc}", file=sys.stderr)
         return 1

@@ -10,59 +10,76 @@ import signal
 import sys
 from pathlib import Path
 
+from rankscope.coordinator.launch import preflight
+from rankscope.coordinator.launch.watched import UNWATCHED_EXIT
+from rankscope.coordinator.launch.preflight import UsageError
 from rankscope.coordinator.launch.runner import ACTIONS, Launch
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="rankscope launch",
-        description="Run CMD (e.g. an msrun line) with every rank process attached to rankscope.",
+        description="Run CMD (e.g. an msrun line) with every rank process attached to rankscope. "
+                    "Everything given here is checked before anything starts.",
         epilog="example: rankscope launch --export-dir out -- msrun --worker_num=4 "
                "--local_worker_num=4 --join=True train.py",
     )
-    p.add_argument("--export-dir", default="rankscope-out", type=Path,
+    p.add_argument("--export-dir", default="rankscope-out", type=Path, metavar="DIR",
                    help="where incidents, bundles, reports and local dumps go (default: %(default)s)")
-    p.add_argument("--config", type=Path, help="config.json (msProbe fields + rankscope's cluster/rdr)")
+    p.add_argument("--config", type=Path, metavar="FILE",
+                   help="config.json (msProbe fields + rankscope's cluster/rdr); checked whole before the start")
     p.add_argument("--on-divergence", choices=ACTIONS,
                    help="what to do at the first divergence (default: the config's, else pause)")
-    p.add_argument("--address", help="Ray cluster to join (default: start a local Ray)")
+    p.add_argument("--address", metavar="HOST:PORT", help="Ray cluster to join (default: start a private local Ray)")
     p.add_argument("--job", help="job id (default: generated; required with --agent, the same on every node)")
     p.add_argument("--agent", metavar="ENDPOINT",
                    help="multi-node: attach ranks to the node agent already running on this host "
                         "(started by srun, systemd or the DaemonSet) instead of starting a coordinator "
                         "and an agent; the verdict is then the cluster coordinator's (rankscope status)")
-    p.add_argument("--quiet", action="store_true", help="no progress lines, only the verdict")
-    p.add_argument("--grace", type=float, default=10.0,
+    p.add_argument("--allow-unwatched", action="store_true",
+                   help="exit with the command's status even if some or all ranks could not be attached "
+                        f"(default: such a run exits {UNWATCHED_EXIT} after a successful command)")
+    p.add_argument("--quiet", action="store_true", help="no progress lines, only the verdict and warnings")
+    p.add_argument("--verbose", action="store_true", help="also show Ray's own log lines")
+    p.add_argument("--grace", type=float, default=10.0, metavar="SECONDS",
                    help="seconds to let a terminated job exit on its own before its process tree is "
-                        "killed (msrun's scheduler otherwise waits for its own node timeout)")
-    p.add_argument("--log", type=Path,
+                        "killed (msrun's scheduler otherwise waits for its own node timeout; "
+                        "default: %(default)s)")
+    p.add_argument("--log", type=Path, metavar="FILE",
                    help="send CMD's stdout/stderr to this file instead of the terminal")
-    p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD ...")
+    p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ...", help="the command to run and its arguments")
     return p
 
 
-def load_cluster_section(config: Path | None, on_divergence: str | None) -> dict:
-    from rankscope.config.errors import ConfigError
-    from rankscope.config.job import job_cluster_section
-    try:
-        return job_cluster_section(config, on_divergence)  # fail here, before anything starts
-    except ConfigError as exc:
-        raise SystemExit(f"rankscope launch: --config {config}: "
-                         f"{exc.reason if exc.field == 'config_path' else exc}") from None
+def check_args(args: argparse.Namespace) -> dict:
+    """Every option and the command, before anything starts; the cluster section to run with."""
+    cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    if args.agent and not args.job:
+        raise UsageError("--agent needs --job: every node's ranks must report under one job id")
+    # The command runs with the PATH launch gives it (this interpreter's folder first).
+    args.cmd = preflight.resolve_command(cmd, child_env_path())
+    if args.config is not None:
+        args.config = args.config.resolve()
+    cluster = preflight.check_config(args.config, args.on_divergence)
+    preflight.non_negative("--grace", args.grace)
+    args.export_dir = preflight.writable_dir("--export-dir", args.export_dir)
+    if args.log is not None:
+        args.log = preflight.writable_file("--log", args.log)
+    return cluster
+
+
+def child_env_path() -> str:
+    from rankscope.coordinator.launch.env import AttachSettings, child_env
+    return child_env(AttachSettings("", "", Path()))["PATH"]
 
 
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
-    cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
-    if not cmd:
-        build_parser().error("no command given: rankscope launch [options] -- CMD ...")
-    args.cmd = cmd
-    if args.config is not None:
-        args.config = args.config.resolve()
-    if args.agent and not args.job:
-        build_parser().error("--agent needs --job: every node's ranks must report under one job id")
-    cluster = load_cluster_section(args.config, args.on_divergence)
-    args.export_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        cluster = check_args(args)
+    except UsageError as exc:
+        print(f"rankscope launch: {exc}", file=sys.stderr)
+        return 2
     launch = Launch(args, cluster)
     # Ctrl-C / SIGTERM: stop the command's whole tree, then clean up as usual.
     def _on_signal(signum, _frame):
@@ -77,6 +94,13 @@ def main(argv: list[str]) -> int:
             agent_endpoint = launch.start_agent(launch.start_coordinator())
         rc = launch.run_command(agent_endpoint)
         return launch.finish(rc)
+    except Exception as exc:
+        # Ray is imported only once launch gets this far, so its error type is too.
+        from rankscope.coordinator.server.client import CoordinatorError
+        if not isinstance(exc, CoordinatorError):
+            raise
+        print(f"rankscope launch: {exc}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("[rankscope] interrupted", file=sys.stderr)
         return 130

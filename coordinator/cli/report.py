@@ -15,7 +15,7 @@ def incident_dirs(path: Path) -> list[Path]:
 
 
 def main(argv: list[str]) -> int:
-    ap = argparse.ArgumentParser(prog="rankscope report", description=__doc__)
+    ap = argparse.ArgumentParser(prog="rankscope report", description=__doc__.replace("``", ""))
     ap.add_argument("dir", type=Path, help="an incident directory, or an export directory")
     args = ap.parse_args(argv)
     dirs = incident_dirs(args.dir)

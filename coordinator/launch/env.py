@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import rankscope
+from rankscope.wire import attach_report
 
 #: Holds the sitecustomize.py every launched Python process runs at start-up.
 ATTACH_DIR = Path(rankscope.__file__).resolve().parent / "_attach"
@@ -25,6 +26,8 @@ class AttachSettings:
     dump_path: Path
     config_path: Path | None = None
     on_terminate: str = "raise"
+    #: Where a rank that fails to attach leaves its note (rankscope.wire.attach_report).
+    attach_reports: Path | None = None
 
 
 def child_env(settings: AttachSettings, base: dict[str, str] | None = None) -> dict[str, str]:
@@ -40,6 +43,10 @@ def child_env(settings: AttachSettings, base: dict[str, str] | None = None) -> d
     env["RANKSCOPE_AGENT"] = settings.agent_endpoint
     env["RANKSCOPE_DUMP_PATH"] = str(settings.dump_path)
     env["RANKSCOPE_ON_TERMINATE"] = settings.on_terminate
+    if settings.attach_reports is not None:
+        env[attach_report.ENV_VAR] = str(settings.attach_reports)
+    else:
+        env.pop(attach_report.ENV_VAR, None)
     if settings.config_path is not None:
         env["RANKSCOPE_CONFIG"] = str(settings.config_path)
     else:

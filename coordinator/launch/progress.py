@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from rankscope.coordinator.launch.watched import attached_ranks
+
 
 class ProgressPrinter:
     def __init__(self, say: Callable[[str], None], every_steps: int = 1) -> None:
@@ -19,22 +21,29 @@ class ProgressPrinter:
 
     def update(self, status: dict[str, Any]) -> None:
         ranks = status.get("ranks") or {}
-        if len(ranks) != self._ranks:
-            self._ranks = len(ranks)
-            ids = ", ".join(str(r) for r in sorted(ranks, key=lambda r: int(r)))
-            self.say(f"{self._ranks} rank(s) attached: {ids}" if ranks else "waiting for ranks to attach")
+        attached = attached_ranks(status)
+        if len(attached) != self._ranks:
+            self._ranks = len(attached)
+            ids = ", ".join(map(str, attached))
+            self.say(f"{self._ranks} rank(s) attached: {ids}" if attached else "waiting for ranks to attach")
         judged = status.get("last_judged_step")
         if judged is not None and judged >= 0 and judged != self._judged \
                 and (judged - self._judged >= self.every_steps or self._judged < 0):
             self._judged = judged
-            steps = ", ".join(f"{r}:{info.get('step')}" for r, info in sorted(ranks.items(), key=lambda kv: int(kv[0])))
+            steps = ", ".join(f"{r}:{shown(info.get('step'))}" for r, info in sorted(ranks.items(), key=lambda kv: int(kv[0])))
             self.say(f"step {judged} judged across all ranks (rank:step {steps})")
         for inc in status.get("incidents") or []:
             iid = inc.get("incident_id")
             if iid and iid not in self._incidents:
                 self._incidents.add(iid)
-                self.say(f"DIVERGENCE: {inc.get('detector')} names rank {inc.get('first_diverging_rank')} "
-                         f"at step {inc.get('step')} ({what_of(inc)}); state {inc.get('state', '?')}")
+                self.say(f"DIVERGENCE: {shown(inc.get('detector'))} names rank "
+                         f"{shown(inc.get('first_diverging_rank'))} at step {shown(inc.get('step'))} "
+                         f"({what_of(inc)}); state {shown(inc.get('state'))}")
+
+
+def shown(value: Any) -> str:
+    """A value for a terminal: "—" where there is none, never "None"."""
+    return "—" if value is None or value == "" else str(value)
 
 
 def what_of(incident: dict[str, Any]) -> str:
@@ -53,10 +62,10 @@ def format_verdict(incident: dict[str, Any]) -> str:
     failed = incident.get("detector") == "progress" and "failed_at" in ev
     lines = [
         "",
-        f"rankscope verdict: rank {incident.get('first_diverging_rank')} "
+        f"rankscope verdict: rank {shown(incident.get('first_diverging_rank'))} "
         f"{'failed' if failed else 'diverged'} first{tie_note}",
-        f"  detector : {incident.get('detector')}",
-        f"  step     : {incident.get('step')}" + ("  (the first step it did not complete)" if failed else ""),
+        f"  detector : {shown(incident.get('detector'))}",
+        f"  step     : {shown(incident.get('step'))}" + ("  (the first step it did not complete)" if failed else ""),
     ]
     if failed:
         lines.append(f"  how      : {what_of(incident)}")

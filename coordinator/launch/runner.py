@@ -18,12 +18,23 @@ import time
 import uuid
 from pathlib import Path
 
+from rankscope.coordinator.launch.watched import (
+    UNWATCHED_EXIT,
+    AttachWatch,
+    WatchedRanks,
+    end_of_run_line,
+    exit_status,
+)
 from rankscope.coordinator.launch.env import AttachSettings, child_env
 from rankscope.coordinator.launch.progress import ProgressPrinter, format_verdict
 
 #: Exit status when rankscope terminated the job because of an incident.
 INCIDENT_EXIT = 86
 ACTIONS = ("pause", "export", "terminate", "continue")
+
+
+def print_loud(msg: str) -> None:
+    print(f"[rankscope] {msg}", file=sys.stderr, flush=True)
 
 
 class Launch:
@@ -35,6 +46,9 @@ class Launch:
         self.job = args.job or f"job-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
         self.export_dir: Path = args.export_dir.resolve()
         self.runtime_dir = Path(tempfile.mkdtemp(prefix="rankscope-"))
+        (self.runtime_dir / "attach").mkdir()
+        self.attach_watch = AttachWatch(self.runtime_dir / "attach")
+        self.last_status: dict | None = None
         self.agent_proc: subprocess.Popen | None = None
         self.cmd_proc: subprocess.Popen | None = None
         self.coordinator = None
@@ -47,7 +61,7 @@ class Launch:
     # --- start -----------------------------------------------------------------
     def start_coordinator(self) -> str:
         from rankscope.coordinator.server.client import Coordinator, connect_ray
-        self.started_ray = connect_ray(self.args.address)
+        self.started_ray = connect_ray(self.args.address, verbose=bool(getattr(self.args, "verbose", False)))
         self.coordinator = Coordinator.start(str(self.export_dir), self.cluster, job=self.job,
                                              name=f"rankscope-{self.job}")
         endpoint = self.coordinator.endpoint()
@@ -107,7 +121,8 @@ class Launch:
     def run_command(self, agent_endpoint: str) -> int:
         settings = AttachSettings(job=self.job, agent_endpoint=agent_endpoint,
                                   dump_path=self.export_dir / "local_dump", config_path=self.args.config,
-                                  on_terminate=self.cluster.get("on_terminate", "raise"))
+                                  on_terminate=self.cluster.get("on_terminate", "raise"),
+                                  attach_reports=self.attach_watch.folder)
         cmd = self.args.cmd
         self.say(f"running: {' '.join(cmd)}")
         # A new session so the whole tree (msrun and its workers) can be signalled at once.
@@ -120,6 +135,7 @@ class Launch:
         progress = ProgressPrinter(self.say)
         killed_at: float | None = None
         while self.cmd_proc.poll() is None:
+            self.attach_watch.poll()
             if self.coordinator is None:  # --agent: the cluster's coordinator reports
                 time.sleep(0.5)
                 continue
@@ -130,6 +146,7 @@ class Launch:
                 self.say(f"status unavailable: {exc!r}")
                 status = None
             if status:
+                self.last_status = status
                 progress.update(status)
                 if status.get("terminated") and killed_at is None:
                     killed_at = time.monotonic()
@@ -138,39 +155,61 @@ class Launch:
                 self.signal_tree(signal.SIGKILL)
                 break
             time.sleep(1.0)
-        return self.cmd_proc.wait()
+        rc = self.cmd_proc.wait()
+        self.attach_watch.poll()
+        return rc
 
     # --- finish ----------------------------------------------------------------
     def finish(self, rc: int) -> int:
+        allow = bool(getattr(self.args, "allow_unwatched", False))
         if self.coordinator is None:
             self.say(f"command exited with {rc}; the cluster coordinator holds any verdict "
                      f"(rankscope status --job {self.job})")
-            return rc
+            cov = WatchedRanks(watched=None, unwatched=list(self.attach_watch.failures.values()))
+            self._say_unwatched(cov, allow)
+            return exit_status(cov, rc, allow)
         incidents = self.coordinator.drain(30.0)
-        watched = self.watched_line()
+        status = self._final_status()
+        cov = WatchedRanks.of(status, self.attach_watch.failures)
+        watched = self.watched_line(status)
         if not incidents:
-            self.say(f"no divergence found in what was watched; command exited with {rc}")
+            line = end_of_run_line(cov, rc, found_divergence=False)
+            (self.say if cov.complete else print_loud)(line)
             self.say(watched)
-            return rc
+            self._say_unwatched(cov, allow)
+            return exit_status(cov, rc, allow)
         self.say(watched)
         for inc in incidents:
             print(format_verdict(inc), flush=True)
+        self.say(end_of_run_line(cov, rc, found_divergence=True))
         # A job that failed after rankscope terminated it failed *because* of the incident.
         terminated = any(inc.get("policy") == "terminate" or inc.get("state") == "terminated"
                          for inc in incidents)
         return INCIDENT_EXIT if terminated and rc != 0 else rc
 
-    def watched_line(self) -> str:
+    def watched_line(self, status: dict | None) -> str:
         """What the verdict (or its absence) covers, from the coordinator's coverage."""
         from rankscope.coordinator.logic.coverage import describe
-        try:
-            report = (self.coordinator.status(timeout=10).get("coverage") or {}).get(self.job)
-        except Exception as exc:  # the verdict is already out; say what is unknown
-            return f"coverage unknown: {exc}"
+        if status is None:  # the verdict is already out; say what is unknown
+            return "coverage unknown: the coordinator did not answer"
+        report = (status.get("coverage") or {}).get(self.job)
         line = describe(report) if report else "nothing watched: no rank reached the coordinator"
         for how, back in self.agent_downs:
             line += f"; node agent {how}, down {back:.1f} s"
         return line
+
+    def _final_status(self) -> dict | None:
+        try:
+            return self.coordinator.status(timeout=10)
+        except Exception:  # noqa: BLE001 - the last status seen while running will do
+            return self.last_status
+
+    @staticmethod
+    def _say_unwatched(cov: WatchedRanks, allow: bool) -> None:
+        if cov.complete or allow:
+            return
+        print_loud(f"exit status {UNWATCHED_EXIT}: ranks ran unwatched (pass --allow-unwatched to accept "
+                   "such a run)")
 
     def signal_tree(self, sig: int) -> None:
         for proc in (self.cmd_proc,):

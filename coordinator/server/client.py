@@ -7,9 +7,13 @@ remote traceback.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
-from typing import Any
+import socket
+import sys
+import tempfile
+from typing import Any, Iterator
 
 from rankscope.coordinator.server.actor import DEFAULT_NAME, DEFAULT_NAMESPACE
 
@@ -20,25 +24,33 @@ class CoordinatorError(RuntimeError):
     """A coordinator call failed; the message is one line for a terminal."""
 
 
-def connect_ray(address: str | None, namespace: str = DEFAULT_NAMESPACE, *, num_cpus: int | None = None) -> bool:
+def connect_ray(address: str | None, namespace: str = DEFAULT_NAMESPACE, *, num_cpus: int | None = None,
+                verbose: bool = False) -> bool:
     """Join the Ray cluster at ``address`` or, with ``None``, start a private local one.
 
     Returns whether this process started the cluster (and so must shut it down). Never
     joins a cluster it was not told about: a local Ray found by chance belongs to
-    another job.
+    another job. Ray's own log lines are shown only when ``verbose``.
     """
     import ray
+    quiet_ray(not verbose)
     if ray.is_initialized():
         return False
     opts: dict[str, Any] = dict(namespace=namespace, log_to_driver=False, configure_logging=False)
     if address is None:
         # "local", not None: None would join whatever cluster RAY_ADDRESS or Ray's
         # last-started record points at, i.e. another job's.
-        ray.init(address="local", include_dashboard=False, num_cpus=num_cpus, **opts)
+        with _ray_output(verbose):
+            ray.init(address="local", include_dashboard=False, num_cpus=num_cpus, **opts)
         return True
     _token_auth_if_available()
+    unreachable = _unreachable(address)
+    if unreachable:
+        # Ray itself would retry for minutes, printing its own warnings meanwhile.
+        raise CoordinatorError(f"no Ray cluster at {address!r}: {unreachable}")
     try:
-        ray.init(address=address, **opts)
+        with _ray_output(verbose):
+            ray.init(address=address, **opts)
     except (ConnectionError, RuntimeError, ValueError) as exc:
         raise CoordinatorError(f"no Ray cluster at {address!r}: {str(exc).splitlines()[0] if str(exc) else exc!r}") \
             from None
@@ -59,6 +71,44 @@ def _token_auth_if_available() -> None:
     except ImportError:  # a Ray without token auth
         return
     maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
+
+
+def _unreachable(address: str, timeout_s: float = 5.0) -> str | None:
+    """Why nothing answers at a ``host:port`` address (None if something does, or if the
+    address is one only Ray can interpret, such as ``auto``)."""
+    host, _, port = address.split("://", 1)[-1].rpartition(":")
+    if not host or not port.isdigit():
+        return None
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except OSError as exc:
+        return exc.strerror or str(exc) or type(exc).__name__
+    return None
+
+
+@contextlib.contextmanager
+def _ray_output(verbose: bool) -> Iterator[None]:
+    """Ray's C++ side writes its connection retries straight to file descriptor 2: while
+    it starts, that goes to a file unless ``verbose``. (Processes it starts then inherit
+    the file, not the terminal; they log to Ray's session folder anyway.)"""
+    if verbose:
+        yield
+        return
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as sink:
+        os.dup2(sink.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+
+
+def quiet_ray(quiet: bool = True) -> None:
+    """Ray's warnings (token authentication, start-up notes) are about Ray, not about the
+    job: a user of these commands sees them only when asking for them."""
+    logging.getLogger("ray").setLevel(logging.ERROR if quiet else logging.NOTSET)
 
 
 def disconnect_ray() -> None:

@@ -435,8 +435,8 @@ def test_dockerfile_structure():
     users = [rest for w, rest in final if w == "USER"]
     assert users and users[-1].split(":")[0] not in ("root", "0"), "the image must not run as root"
     assert not [rest for w, rest in ins if w == "ADD"], "COPY only: no remote ADD"
-    # The MindSpore the image installs is the one rankscope pins.
-    pin = re.search(r'"(mindspore==[^"]+)"', (ROOT / "pyproject.toml").read_text()).group(1)
+    # The MindSpore the image installs is the release the tests run against (the Makefile's).
+    pin = re.search(r"^TESTED_MINDSPORE := (mindspore==\S+)", (ROOT / "Makefile").read_text(), re.M).group(1)
     assert ("ARG", f'MINDSPORE_SPEC="{pin}"') in ins
     # The Ray it installs is the release the chart's RayCluster declares.
     ray_pin = next(rest for w, rest in ins if w == "ARG" and rest.startswith("RAY_SPEC="))

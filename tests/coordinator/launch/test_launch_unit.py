@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from rankscope.coordinator.cli.launch import build_parser, load_cluster_section
+from rankscope.coordinator.cli.launch import build_parser
+from rankscope.coordinator.launch.preflight import UsageError
+from rankscope.coordinator.launch.preflight import check_config as load_cluster_section
 from rankscope.coordinator.launch.env import ATTACH_DIR, AttachSettings, child_env
 from rankscope.coordinator.launch.progress import ProgressPrinter, format_verdict
 
@@ -47,16 +49,16 @@ def test_attach_hook_is_inert_in_a_process_that_never_imports_mindspore(tmp_path
 def test_bad_config_file_is_named(tmp_path):
     bad = tmp_path / "c.json"
     bad.write_text("{not json")
-    with pytest.raises(SystemExit, match="not valid JSON"):
+    with pytest.raises(UsageError, match="not valid JSON"):
         load_cluster_section(bad, None)
-    with pytest.raises(SystemExit, match="(?i)no such file"):
+    with pytest.raises(UsageError, match="(?i)no such file"):
         load_cluster_section(tmp_path / "missing.json", None)
 
 
 def test_bad_cluster_field_is_rejected_before_anything_starts(tmp_path):
     cfg = tmp_path / "c.json"
     cfg.write_text(json.dumps({"cluster": {"on_divergence": "explode"}}))
-    with pytest.raises(SystemExit, match="on_divergence"):
+    with pytest.raises(UsageError, match="on_divergence"):
         load_cluster_section(cfg, None)
 
 
@@ -118,3 +120,13 @@ def test_agent_mode_requires_a_shared_job_id(tmp_path):
 def test_the_attach_directory_is_the_installed_packages():
     from rankscope.coordinator.launch.env import ATTACH_DIR
     assert (ATTACH_DIR / "sitecustomize.py").is_file()
+
+
+def test_nothing_known_is_a_dash_never_none():
+    from rankscope.coordinator.cli.control import format_status
+    verdict = format_verdict({"first_diverging_rank": 1, "detector": "manual", "step": None, "tensor": None})
+    status = format_status({"endpoint": None, "last_judged_step": None, "ranks": {"0": {"state": "expected",
+                            "step": None}}, "incidents": [{"incident_id": "i1", "detector": "manual",
+                                                           "first_diverging_rank": None, "step": None}]})
+    for text in (verdict, status):
+        assert "None" not in text and "—" in text, text

@@ -77,6 +77,13 @@ def test_export_collects_every_rank_bundle_into_an_incident(cluster, capsys, tmp
     assert cli("export") == 0
     out = capsys.readouterr().out
     assert "export started: incident" in out
+    # A second export while the first is open: one plain line from the real command.
+    gcs = ray.get_runtime_context().gcs_address
+    again = subprocess.run([sys.executable, "-m", "rankscope", "export", "--address", gcs, "--namespace", NS],
+                           cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert again.returncode == 2, again.stderr[-2000:]
+    assert again.stderr.strip().splitlines() == [again.stderr.strip()], again.stderr
+    assert "already open" in again.stderr and "Traceback" not in again.stderr and "\x1b" not in again.stderr
     agent.expect_control("pause")
     for r in range(2):
         agent.status("paused", r, 2)

@@ -1,0 +1,64 @@
+"""How a rank process that could not attach tells ``rankscope launch`` so.
+
+A rank that fails to attach keeps training, unwatched (attaching must never stop the
+user's program), and it has no node-agent connection to say so over: the failure is
+usually what prevented the connection (a config error, an unreachable agent). So it
+leaves one small JSON note in a folder launch named in :data:`ENV_VAR`, and launch,
+which polls that folder, warns on the terminal at once and counts the rank as unwatched.
+Both sides use this module, so the folder's layout has one spelling.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+from pathlib import Path
+from typing import Any, Mapping
+
+#: The folder launch watches; unset outside ``rankscope launch``.
+ENV_VAR = "RANKSCOPE_ATTACH_REPORTS"
+_PREFIX = "attach-failed-"
+
+
+def one_line(exc: BaseException) -> str:
+    """The error as one line: its own message (a ConfigError names field, value and
+    expectation), with the type when the message alone would not say what happened."""
+    text = " ".join(str(exc).split())
+    if not text:
+        return type(exc).__name__
+    return text if isinstance(exc, ValueError) else f"{type(exc).__name__}: {text}"
+
+
+def write_failure(rank: int | None, reason: str, env: Mapping[str, str] | None = None) -> Path | None:
+    """Leave the note for launch; None when not under launch or the folder is gone.
+    Never raises: the caller is the process's start-up, which must go on."""
+    folder = (os.environ if env is None else env).get(ENV_VAR)
+    if not folder:
+        return None
+    pid = os.getpid()
+    note = {"rank": rank, "pid": pid, "host": socket.gethostname(), "reason": reason}
+    path = Path(folder) / f"{_PREFIX}{pid}.json"
+    try:
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(note), encoding="utf-8")
+        os.replace(tmp, path)  # launch never reads half a note
+    except OSError:
+        return None
+    return path
+
+
+def read_failures(folder: str | os.PathLike) -> dict[int, dict[str, Any]]:
+    """Every note in ``folder`` by pid (a note that does not parse is skipped: it is
+    still being written or is not ours)."""
+    out: dict[int, dict[str, Any]] = {}
+    try:
+        paths = sorted(Path(folder).glob(f"{_PREFIX}*.json"))
+    except OSError:
+        return out
+    for path in paths:
+        try:
+            note = json.loads(path.read_text(encoding="utf-8"))
+            out[int(note["pid"])] = note
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return out

@@ -1,0 +1,140 @@
+"""Which ranks ``rankscope launch`` actually watched, and the end-of-run line that says so
+(the steps each was seen at are the coordinator's coverage, :mod:`rankscope.coordinator.logic.coverage`).
+
+A verdict of "no divergence" is only worth what was watched: a rank that failed to
+attach trains on unwatched, so launch warns the moment it learns of one, counts it, and
+the closing line names how many ranks (and up to which step) were compared. All the
+wording of that closing line lives in :func:`end_of_run_line`, so new ways of watching
+(or of not watching) a rank are added in one place.
+"""
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from rankscope.wire.attach_report import read_failures
+
+#: Exit status when the command succeeded but some or all of its ranks ran unwatched
+#: (and the user did not pass --allow-unwatched): the run was not what was asked for.
+UNWATCHED_EXIT = 87
+
+
+def loud(msg: str) -> None:
+    """A warning a user must not miss: stderr, even under --quiet, never buffered."""
+    print(f"[rankscope] WARNING: {msg}", file=sys.stderr, flush=True)
+
+
+def rank_name(rank: Any, pid: Any = None) -> str:
+    return f"rank {rank}" if rank is not None else f"process {pid} (no rank id)"
+
+
+class AttachWatch:
+    """Polls the folder ranks leave attach-failure notes in; warns once per process."""
+
+    def __init__(self, folder: Path, warn: Callable[[str], None] = loud) -> None:
+        self.folder = folder
+        self.warn = warn
+        self.failures: dict[int, dict[str, Any]] = {}
+
+    def poll(self) -> list[dict[str, Any]]:
+        new = [n for pid, n in read_failures(self.folder).items() if pid not in self.failures]
+        warned = {_who(n) for n in self.failures.values()}
+        for note in new:
+            self.failures[int(note["pid"])] = note
+            if _who(note) in warned:
+                continue  # another process of that rank (a data-loader worker, a restart)
+            warned.add(_who(note))
+            self.warn(f"{rank_name(note.get('rank'), note.get('pid'))} failed to attach and runs UNWATCHED "
+                      f"(pid {note.get('pid')} on {note.get('host')}): {note.get('reason')}")
+        return new
+
+
+def heard_from(info: dict[str, Any]) -> bool:
+    """A rank the coordinator has a registration or a step from (not merely expected
+    because another rank's world size counts it)."""
+    step = info.get("step")
+    return info.get("pid") is not None or (isinstance(step, int) and step >= 0)
+
+
+def attached_ranks(status: dict[str, Any] | None) -> list[int]:
+    ranks = (status or {}).get("ranks") or {}
+    return sorted(int(r) for r, info in ranks.items() if heard_from(info or {}))
+
+
+def silent_ranks(status: dict[str, Any] | None) -> list[int]:
+    """Ranks the job's world size promises that never said a word."""
+    ranks = (status or {}).get("ranks") or {}
+    return sorted(int(r) for r, info in ranks.items() if not heard_from(info or {}))
+
+
+def _who(note: dict[str, Any]) -> tuple[str, Any]:
+    """One entry per rank; a process with no rank id is itself."""
+    return ("rank", int(note["rank"])) if note.get("rank") is not None else ("pid", note.get("pid"))
+
+
+@dataclass
+class WatchedRanks:
+    """What was watched: ranks the coordinator heard from, and the ones that never attached."""
+
+    #: None when another process (the cluster's coordinator) knows which ranks it heard from.
+    watched: list[int] | None = field(default_factory=list)
+    unwatched: list[dict[str, Any]] = field(default_factory=list)  # attach-failure notes
+    last_judged_step: int | None = None
+
+    @classmethod
+    def of(cls, status: dict[str, Any] | None, failures: dict[int, dict[str, Any]]) -> "WatchedRanks":
+        status = status or {}
+        watched = attached_ranks(status)
+        # A process that failed once and attached later (a restarted worker) is watched.
+        unwatched = list({_who(n): n for n in failures.values()
+                          if n.get("rank") is None or int(n["rank"]) not in watched}.values())
+        noted = {n.get("rank") for n in unwatched}
+        unwatched += [{"rank": r, "reason": "never attached"} for r in silent_ranks(status) if r not in noted]
+        judged = status.get("last_judged_step")
+        return cls(watched, unwatched, judged if isinstance(judged, int) and judged >= 0 else None)
+
+    @property
+    def complete(self) -> bool:
+        return (self.watched is None or bool(self.watched)) and not self.unwatched
+
+    def ranks_text(self) -> str:
+        watched = self.watched or []
+        ids = _span(watched)
+        return f"{len(watched)} of {len(watched) + len(self.unwatched)} rank(s) watched" + (f" ({ids})" if ids else "")
+
+
+def end_of_run_line(cov: WatchedRanks, rc: int, found_divergence: bool) -> str:
+    """The closing line; claims nothing about ranks or steps that were not watched."""
+    tail = f"command exited with {rc}"
+    missed = ", ".join(f"{rank_name(n.get('rank'), n.get('pid'))} ({_how_missed(n)})" for n in cov.unwatched)
+    if not cov.watched:
+        why = f"UNWATCHED: {missed}" if missed else "no rank attached (did the command import MindSpore?)"
+        return f"NOTHING WAS WATCHED: {why}; {tail}"
+    steps = (f", steps through {cov.last_judged_step} compared" if cov.last_judged_step is not None
+             else ", no step was compared")
+    missed = f"; UNWATCHED: {missed}" if missed else ""
+    if found_divergence:
+        return f"{cov.ranks_text()}{steps}{missed}"
+    return f"no divergence found in {cov.ranks_text()}{steps}{missed}; {tail}"
+
+
+def _how_missed(note: dict[str, Any]) -> str:
+    return "never attached" if note.get("reason") == "never attached" else "failed to attach"
+
+
+def exit_status(cov: WatchedRanks, rc: int, allow_unwatched: bool) -> int:
+    """The command's own failure wins; a success with unwatched ranks is not one."""
+    if rc != 0 or allow_unwatched or cov.complete:
+        return rc
+    return UNWATCHED_EXIT
+
+
+def _span(ranks: list[int]) -> str:
+    """``0-3`` for 0,1,2,3; ``0, 2`` otherwise."""
+    if not ranks:
+        return ""
+    if ranks == list(range(ranks[0], ranks[-1] + 1)) and len(ranks) > 2:
+        return f"ranks {ranks[0]}-{ranks[-1]}"
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))

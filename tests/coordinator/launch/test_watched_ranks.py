@@ -1,0 +1,90 @@
+"""What launch says at the end about what it watched, and the exit status that follows."""
+from __future__ import annotations
+
+import json
+import os
+
+from rankscope.coordinator.launch.watched import (
+    UNWATCHED_EXIT,
+    AttachWatch,
+    WatchedRanks,
+    end_of_run_line,
+    exit_status,
+)
+from rankscope.wire.attach_report import write_failure
+
+RUNNING = {"state": "running", "step": 5, "pid": 100}
+
+
+def status(ranks: dict, judged: int | None = 5) -> dict:
+    return {"ranks": ranks, "last_judged_step": judged}
+
+
+def test_all_watched_is_a_clean_run():
+    cov = WatchedRanks.of(status({"0": RUNNING, "1": RUNNING, "2": RUNNING, "3": RUNNING}), {})
+    line = end_of_run_line(cov, 0, found_divergence=False)
+    assert line == "no divergence found in 4 of 4 rank(s) watched (ranks 0-3), steps through 5 compared; " \
+                   "command exited with 0"
+    assert exit_status(cov, 0, allow_unwatched=False) == 0
+
+
+def test_a_rank_that_failed_to_attach_is_named_and_the_run_is_not_clean():
+    failures = {7: {"rank": 2, "pid": 7, "reason": "config field 'x' = 1: bad"}}
+    cov = WatchedRanks.of(status({"0": RUNNING, "1": RUNNING}), failures)
+    line = end_of_run_line(cov, 0, found_divergence=False)
+    assert "2 of 3 rank(s) watched (ranks 0, 1)" in line
+    assert "UNWATCHED: rank 2 (failed to attach)" in line
+    assert exit_status(cov, 0, allow_unwatched=False) == UNWATCHED_EXIT
+    assert exit_status(cov, 0, allow_unwatched=True) == 0
+    assert exit_status(cov, 3, allow_unwatched=False) == 3  # the command's own failure wins
+
+
+def test_a_rank_only_expected_from_the_world_size_is_not_watched():
+    # The coordinator lists rank 3 because the others' world size is 4; it never spoke.
+    cov = WatchedRanks.of(status({"0": RUNNING, "1": RUNNING, "2": RUNNING,
+                              "3": {"state": "expected", "step": -1, "pid": None}}), {})
+    assert cov.watched == [0, 1, 2]
+    assert "UNWATCHED: rank 3 (never attached)" in end_of_run_line(cov, 0, False)
+    assert exit_status(cov, 0, False) == UNWATCHED_EXIT
+
+
+def test_nothing_watched_never_says_no_divergence():
+    cov = WatchedRanks.of(status({}, judged=None), {})
+    line = end_of_run_line(cov, 0, found_divergence=False)
+    assert "no divergence" not in line and line.startswith("NOTHING WAS WATCHED: no rank attached")
+    assert exit_status(cov, 0, False) == UNWATCHED_EXIT
+
+
+def test_a_restarted_rank_that_attached_later_counts_as_watched():
+    cov = WatchedRanks.of(status({"0": RUNNING, "1": RUNNING}), {9: {"rank": 1, "pid": 9, "reason": "x"}})
+    assert cov.complete and exit_status(cov, 0, False) == 0
+
+
+def test_attach_watch_warns_once_per_process(tmp_path):
+    warnings: list[str] = []
+    watch = AttachWatch(tmp_path, warnings.append)
+    assert watch.poll() == []
+    path = write_failure(3, "config field 'levle' = 'L0': unknown field",
+                         env={"RANKSCOPE_ATTACH_REPORTS": str(tmp_path)})
+    assert path is not None and json.loads(path.read_text())["pid"] == os.getpid()
+    (tmp_path / "attach-failed-99.json").write_text("{half")  # still being written: skipped
+    assert len(watch.poll()) == 1 and watch.poll() == []
+    assert len(warnings) == 1
+    assert "rank 3 failed to attach and runs UNWATCHED" in warnings[0] and "'levle'" in warnings[0]
+
+
+def test_write_failure_outside_launch_is_a_no_op():
+    assert write_failure(0, "x", env={}) is None
+
+
+def test_several_processes_of_one_rank_are_one_unwatched_rank(tmp_path):
+    # A rank's data-loader workers import MindSpore too and fail the same way.
+    for pid in (11, 12):
+        (tmp_path / f"attach-failed-{pid}.json").write_text(json.dumps(
+            {"rank": 1, "pid": pid, "host": "h", "reason": "bad"}))
+    warnings: list[str] = []
+    watch = AttachWatch(tmp_path, warnings.append)
+    watch.poll()
+    assert len(warnings) == 1 and len(watch.failures) == 2
+    cov = WatchedRanks.of(status({"0": RUNNING}), watch.failures)
+    assert cov.ranks_text() == "1 of 2 rank(s) watched (rank 0)"
