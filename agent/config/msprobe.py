@@ -23,7 +23,6 @@ from rankscope.config.errors import ConfigError
 from rankscope.config.file import read_config_file
 from rankscope.config.schema import LEVELS, TASKS, check_msprobe_fields
 
-
 #: msProbe's own bounds for step/rank numbers.
 STEP_RANK_MAX = 1_000_000
 

@@ -1,8 +1,8 @@
-"""``rankscope incidents DIR [ID] [--open]``: past incidents of an export folder, offline.
+"""rankscope incidents DIR [ID] [--open]: past incidents of an export folder, offline.
 
 Without ID: one line per incident (id, detector, rank, step, when, state). With ID (the
 full id or any unique part of it): that incident's verdict and where its files are;
-``--open`` also opens its report.html in the browser (rendering it first if missing).
+--open also opens its report.html in the browser (rendering it first if missing).
 """
 from __future__ import annotations
 

@@ -11,9 +11,9 @@ import sys
 from pathlib import Path
 
 from rankscope.coordinator.launch import preflight
-from rankscope.coordinator.launch.watched import UNWATCHED_EXIT
 from rankscope.coordinator.launch.preflight import UsageError
 from rankscope.coordinator.launch.runner import ACTIONS, Launch
+from rankscope.coordinator.launch.watched import UNWATCHED_EXIT
 
 
 def build_parser() -> argparse.ArgumentParser:

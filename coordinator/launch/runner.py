@@ -18,6 +18,8 @@ import time
 import uuid
 from pathlib import Path
 
+from rankscope.coordinator.launch.env import AttachSettings, child_env
+from rankscope.coordinator.launch.progress import ProgressPrinter, format_verdict
 from rankscope.coordinator.launch.watched import (
     UNWATCHED_EXIT,
     AttachWatch,
@@ -25,8 +27,6 @@ from rankscope.coordinator.launch.watched import (
     end_of_run_line,
     exit_status,
 )
-from rankscope.coordinator.launch.env import AttachSettings, child_env
-from rankscope.coordinator.launch.progress import ProgressPrinter, format_verdict
 
 #: Exit status when rankscope terminated the job because of an incident.
 INCIDENT_EXIT = 86

@@ -13,7 +13,6 @@ from typing import Any
 from rankscope.coordinator.report.fmt import as_float, esc, muted, num, num_cell, seconds, table, text_cell, when
 from rankscope.coordinator.report.proof import suspects
 
-
 #: NaN-chain rows shown before the rest is folded away.
 CHAIN_SHOWN = 12
 

@@ -14,6 +14,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from rankscope.coordinator.logic.incident_store import iso
 from rankscope.coordinator.report import findings, plots, proof
 from rankscope.coordinator.report.context import (
     Links,
@@ -23,7 +24,6 @@ from rankscope.coordinator.report.context import (
     timeline_section,
 )
 from rankscope.coordinator.report.fmt import esc, muted, num, when
-from rankscope.coordinator.logic.incident_store import iso
 from rankscope.coordinator.report.history import load_history
 from rankscope.coordinator.report.timeline_plot import failure_timeline_svg
 from rankscope.coordinator.report.where import where_section

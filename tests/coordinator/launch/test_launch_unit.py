@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from rankscope.coordinator.cli.launch import build_parser
+from rankscope.coordinator.launch.env import ATTACH_DIR, AttachSettings, child_env
 from rankscope.coordinator.launch.preflight import UsageError
 from rankscope.coordinator.launch.preflight import check_config as load_cluster_section
-from rankscope.coordinator.launch.env import ATTACH_DIR, AttachSettings, child_env
 from rankscope.coordinator.launch.progress import ProgressPrinter, format_verdict
 
 
