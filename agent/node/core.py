@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+from rankscope.node.assign import HeldAnswers, confirm_assigned
 from rankscope.node.bundles import RankBundles
 from rankscope.node.exports import RecentExports
 from rankscope.node.liveness import LivenessMonitor, Lost, ProcStat, read_stat
@@ -66,9 +68,11 @@ class NodeCore:
                  clock: Callable[[], float] = time.monotonic, seq_start: int = 0,
                  read_proc: Callable[[int], ProcStat | None] = read_stat,
                  wall_clock: Callable[[], float] = time.time,
-                 send_signal: Callable[[int, int], None] = os.kill) -> None:
+                 send_signal: Callable[[int, int], None] = os.kill, machine: str | None = None) -> None:
         self.s = settings
         self.host, self.src = host, src
+        #: This machine's own name: what a rank on it reports (it cannot know --host).
+        self.machine = machine if machine is not None else socket.gethostname()
         self.clock, self.wall = clock, wall_clock
         self._seq = protocol.SeqCounter(start=seq_start)
         self.registry = RankRegistry(settle_s=settings.settle_s, clock=clock)
@@ -85,6 +89,7 @@ class NodeCore:
         self._dying: dict[int, tuple[float, Lost, float]] = {}
         self._next_liveness = 0.0
         self.exports = RecentExports(self.clock)
+        self.held = HeldAnswers(settings.assign_wait_s if settings.coordinator else 0.0)
         self._next_status = 0.0
 
     def take(self) -> Outbox:
@@ -160,6 +165,8 @@ class NodeCore:
             return
         if body["claimed_rank"] is not None and body["claimed_rank"] < 0:
             body["claimed_rank"] = None  # "-1" is how some frameworks say "no rank"
+        if body["host"] == self.machine:
+            body["host"] = self.host  # a rank on this machine is on the host this agent was told it is
         entry = self.registry.claim(ident, msg.job, body)
         entry.extra["src"] = key[0]
         if entry.state is ProcessState.LIVE:
@@ -212,7 +219,7 @@ class NodeCore:
 
     def _answer(self, entry: RankEntry, forward: bool = True) -> None:
         body = {"assigned_rank": entry.assigned_rank, "claimed_rank": entry.claimed_rank,
-                "remapped": entry.remapped}
+                "remapped": entry.remapped, **entry.extra.get("settings", {})}
         self._to_rank(entry, self._msg(protocol.REGISTERED, entry.job, body))
         if not forward:
             return
@@ -221,7 +228,8 @@ class NodeCore:
             log.warning("job %s: pid %d on %s claimed rank %s, which another live process holds: "
                         "assigned rank %d", entry.job, entry.pid, entry.host, entry.claimed_rank,
                         entry.assigned_rank)
-        self._forward_register(entry)
+        if not entry.extra.pop("forwarded", False):
+            self._forward_register(entry)
         self.publish_map(entry.job)
         sticky = self.relay.for_newcomer(entry.job)
         if sticky is not None:
@@ -241,7 +249,7 @@ class NodeCore:
         and report the agent's status. ``ranks_drained``: nothing from ranks is waiting
         unread (a dead rank's last frames are read before it is declared lost)."""
         now = self.clock()
-        for entry in self.registry.due(now):
+        for entry in self.held.route(self.registry.due(now), now, self._forward_register):
             self._answer(entry)
         if now >= self._next_liveness:
             self._next_liveness = now + LIVENESS_EVERY_S
@@ -341,6 +349,9 @@ class NodeCore:
             detail = dict(msg.body.get("detail") or {})
             detail["t2"] = self.wall()
             self.out.up_volatile.append(self._msg(protocol.STATUS, msg.job, {"what": "clock", "detail": detail}))
+        elif msg.type == protocol.STATUS and msg.body["what"] == "assigned":
+            if not confirm_assigned(self.registry, self.held, msg.job, msg.body.get("detail"), self._answer):
+                self._updecoder.rejected["bad_assigned"] += 1
         elif msg.type == protocol.STATUS and msg.body["what"] == "ack":
             high = (msg.body.get("detail") or {}).get("high")
             if isinstance(high, dict):
