@@ -4,7 +4,9 @@ This agent's registry makes ids unique on this host; the coordinator makes them 
 across hosts (``rankscope.coordinator.logic.identities``). A registration is forwarded
 with the id proposed here and the rank is answered once the coordinator says which id
 it gets (STATUS "assigned"), or after ``wait_s`` with the local id, so one node without
-a reachable coordinator works as before. ``wait_s`` 0: answer at once.
+a reachable coordinator works as before. ``wait_s`` 0: answer at once. Nothing is held
+before the coordinator has said anything at all: one that never answers (or is not up
+yet) must not delay every rank's start.
 """
 from __future__ import annotations
 
@@ -32,6 +34,7 @@ def parse_assigned(detail: object) -> tuple[str, int, int] | None:
 class HeldAnswers:
     def __init__(self, wait_s: float) -> None:
         self.wait_s = wait_s
+        self.heard = False  # any frame from the coordinator yet
         self._held: dict[tuple[str, str, int], tuple[RankEntry, float]] = {}
 
     def hold(self, entry: RankEntry, now: float) -> None:
@@ -41,7 +44,7 @@ class HeldAnswers:
               forward: Callable[[RankEntry], None]) -> list[RankEntry]:
         """Of registrations just given a local id, forward and hold them (the answer's
         ``forwarded`` mark says the coordinator has it); return those to answer now."""
-        if self.wait_s <= 0:
+        if self.wait_s <= 0 or not self.heard:
             return due + self.expired(now)
         for entry in due:
             forward(entry)

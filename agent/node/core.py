@@ -71,8 +71,7 @@ class NodeCore:
                  send_signal: Callable[[int, int], None] = os.kill, machine: str | None = None) -> None:
         self.s = settings
         self.host, self.src = host, src
-        #: This machine's own name: what a rank on it reports (it cannot know --host).
-        self.machine = machine if machine is not None else socket.gethostname()
+        self.machine = machine if machine is not None else socket.gethostname()  # what ranks here say
         self.clock, self.wall = clock, wall_clock
         self._seq = protocol.SeqCounter(start=seq_start)
         self.registry = RankRegistry(settle_s=settings.settle_s, clock=clock)
@@ -342,6 +341,7 @@ class NodeCore:
         msg = self._updecoder.decode(frame)
         if msg is None:
             return
+        self.held.heard = True
         if msg.type == protocol.CONTROL:
             self._on_control(frame, msg)
         elif msg.type == protocol.STATUS and msg.body["what"] == "clock":
@@ -389,8 +389,8 @@ class NodeCore:
         log.info("sent %d bundle chunks for rank %s (transfer %s)", n, entry.assigned_rank, transfer)
 
     def on_link_up(self) -> None:
-        """A (re)connected coordinator may have lost everything: registrations, the rank
-        map, and the name tables the ranks sent long ago (owed with their next STEP)."""
+        """A (re)connected coordinator may have lost everything: registrations, the rank map,
+        and the name tables the ranks sent long ago (owed with their next STEP)."""
         jobs = set()
         for e in self.registry.live():
             self._forward_register(e)

@@ -19,7 +19,10 @@ def make(tmp_path, wait: float, coordinator: str | None = "tcp://127.0.0.1:1"):
     clock = Clock()
     settings = AgentSettings(listen="ipc:///nowhere", coordinator=coordinator, job="j",
                              bundle_dir=tmp_path / "b", settle_s=0.3, assign_wait_s=wait)
-    return NodeCore(settings, "node1", "agent:node1:1", clock=clock, machine="vm"), clock
+    core = NodeCore(settings, "node1", "agent:node1:1", clock=clock, machine="vm")
+    ack = {"what": "ack", "detail": {"high": {}}}
+    core.on_coordinator_frame(encode(Message(protocol.STATUS, "j", "coordinator", 0, ack)))
+    return core, clock
 
 
 def register(core, ident: bytes, pid: int, claim: int, host: str = "vm") -> None:
@@ -90,3 +93,12 @@ def test_the_coordinators_on_terminate_reaches_the_rank_with_its_id(tmp_path):
     core.on_coordinator_frame(encode(Message(protocol.STATUS, "j", "coordinator", 1, body)))
     assert answers(core.take())[b"a"] == {"assigned_rank": 1, "claimed_rank": 1, "remapped": False,
                                           "on_terminate": "exit"}
+
+
+def test_a_coordinator_that_has_said_nothing_yet_delays_nobody(tmp_path):
+    settings = AgentSettings(listen="ipc:///nowhere", coordinator="tcp://127.0.0.1:1", job="j",
+                             bundle_dir=tmp_path / "b", settle_s=0.0, assign_wait_s=5.0)
+    core = NodeCore(settings, "node1", "agent:node1:1", clock=Clock(), machine="vm")
+    register(core, b"a", 11, 0)
+    core.tick()
+    assert answers(core.take())[b"a"]["assigned_rank"] == 0
