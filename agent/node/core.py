@@ -240,7 +240,7 @@ class NodeCore:
                 "local_rank": entry.local_rank, "label": entry.label, "assigned_rank": entry.assigned_rank}
         if "versions" in entry.extra:
             body["versions"] = entry.extra["versions"]
-        self._up_own(protocol.REGISTER, entry.job, body, src=f"rank:{entry.assigned_rank}")
+        self._up_own(protocol.REGISTER, entry.job, body)  # own src: agents proposing one id are no replays
 
     # --- time ---------------------------------------------------------------------------
     def tick(self, ranks_drained: bool = True, link_stats: dict | None = None) -> None:

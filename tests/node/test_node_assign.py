@@ -49,6 +49,8 @@ def test_the_rank_is_answered_with_the_coordinators_id_and_the_agents_host(tmp_p
     up = [protocol.Decoder().decode(f) for f, _ in out.up]
     reg = next(m for m in up if m.type == protocol.REGISTER)
     assert reg.body["host"] == "node1" and reg.body["assigned_rank"] == 0  # proposed, as --host says
+    # The agent's own src: another agent proposing id 0 too must not be dropped as a replay.
+    assert reg.src == "agent:node1:1"
     assigned(core, 11, 2)
     out = core.take()
     assert answers(out)[b"a"] == {"assigned_rank": 2, "claimed_rank": 0, "remapped": True}
