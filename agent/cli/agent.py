@@ -40,6 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "acknowledge (default: %(default)s)")
     p.add_argument("--drain", type=float, default=5.0,
                    help="on SIGTERM, seconds to keep sending what is not sent yet (default: %(default)s)")
+    p.add_argument("--assign-wait", type=float, default=1.0,
+                   help="seconds a registration waits for the coordinator's job-wide id before the rank "
+                        "gets this host's (default: %(default)s; 0: do not wait)")
     p.add_argument("--curve-secret", "--curve-secret-key", dest="curve_secret", default=None,
                    help="this agent's CURVE secret key file (rankscope keys new NAME -> NAME.key_secret)")
     p.add_argument("--coordinator-key", "--curve-server-key", dest="coordinator_key", default=None,
@@ -57,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
 def settings_from_args(args: argparse.Namespace):
     from rankscope.node.settings import AgentSettings
 
-    for name in ("replay_window", "drain", "heartbeat_timeout", "settle"):
+    for name in ("replay_window", "drain", "heartbeat_timeout", "settle", "assign_wait"):
         if getattr(args, name) < 0:
             raise SystemExit(f"rankscope agent: --{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
     for name in ("spool_max_mb", "flight_recorder_steps"):
@@ -84,7 +87,7 @@ def settings_from_args(args: argparse.Namespace):
         bundle_dir=Path(args.bundle_dir), flight_recorder_steps=args.flight_recorder_steps,
         spool_max_bytes=args.spool_max_mb << 20, heartbeat_timeout_s=args.heartbeat_timeout,
         settle_s=args.settle, listen_curve=listen_curve, coordinator_curve=coord_curve, host=args.host,
-        replay_window_s=args.replay_window, drain_s=args.drain)
+        replay_window_s=args.replay_window, drain_s=args.drain, assign_wait_s=args.assign_wait)
 
 
 def main(argv: list[str]) -> int:

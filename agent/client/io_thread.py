@@ -67,6 +67,8 @@ class ClientIO:
             if msg.type == protocol.REGISTERED:
                 self.c.assigned = msg.body["assigned_rank"]
                 self.c.remapped = msg.body["remapped"]
+                if "on_terminate" in msg.body:  # the cluster's choice wins over this rank's config
+                    self.c.gate.exit_on_terminate = msg.body["on_terminate"] == "exit"
                 self.c.registered.set()
             elif msg.type == protocol.CONTROL:
                 self.control(msg)

@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+from rankscope.node.assign import HeldAnswers, confirm_assigned
 from rankscope.node.bundles import RankBundles
 from rankscope.node.exports import RecentExports
 from rankscope.node.liveness import LivenessMonitor, Lost, ProcStat, read_stat
@@ -66,9 +68,10 @@ class NodeCore:
                  clock: Callable[[], float] = time.monotonic, seq_start: int = 0,
                  read_proc: Callable[[int], ProcStat | None] = read_stat,
                  wall_clock: Callable[[], float] = time.time,
-                 send_signal: Callable[[int, int], None] = os.kill) -> None:
+                 send_signal: Callable[[int, int], None] = os.kill, machine: str | None = None) -> None:
         self.s = settings
         self.host, self.src = host, src
+        self.machine = machine if machine is not None else socket.gethostname()  # what ranks here say
         self.clock, self.wall = clock, wall_clock
         self._seq = protocol.SeqCounter(start=seq_start)
         self.registry = RankRegistry(settle_s=settings.settle_s, clock=clock)
@@ -85,6 +88,7 @@ class NodeCore:
         self._dying: dict[int, tuple[float, Lost, float]] = {}
         self._next_liveness = 0.0
         self.exports = RecentExports(self.clock)
+        self.held = HeldAnswers(settings.assign_wait_s if settings.coordinator else 0.0)
         self._next_status = 0.0
 
     def take(self) -> Outbox:
@@ -160,6 +164,8 @@ class NodeCore:
             return
         if body["claimed_rank"] is not None and body["claimed_rank"] < 0:
             body["claimed_rank"] = None  # "-1" is how some frameworks say "no rank"
+        if body["host"] == self.machine:
+            body["host"] = self.host  # a rank on this machine is on the host this agent was told it is
         entry = self.registry.claim(ident, msg.job, body)
         entry.extra["src"] = key[0]
         if entry.state is ProcessState.LIVE:
@@ -216,7 +222,7 @@ class NodeCore:
 
     def _answer(self, entry: RankEntry, forward: bool = True) -> None:
         body = {"assigned_rank": entry.assigned_rank, "claimed_rank": entry.claimed_rank,
-                "remapped": entry.remapped}
+                "remapped": entry.remapped, **entry.extra.get("settings", {})}
         self._to_rank(entry, self._msg(protocol.REGISTERED, entry.job, body))
         if not forward:
             return
@@ -225,7 +231,8 @@ class NodeCore:
             log.warning("job %s: pid %d on %s claimed rank %s, which another live process holds: "
                         "assigned rank %d", entry.job, entry.pid, entry.host, entry.claimed_rank,
                         entry.assigned_rank)
-        self._forward_register(entry)
+        if not entry.extra.pop("forwarded", False):
+            self._forward_register(entry)
         self.publish_map(entry.job)
         sticky = self.relay.for_newcomer(entry.job)
         if sticky is not None:
@@ -237,7 +244,7 @@ class NodeCore:
                 "local_rank": entry.local_rank, "label": entry.label, "assigned_rank": entry.assigned_rank}
         if "versions" in entry.extra:
             body["versions"] = entry.extra["versions"]
-        self._up_own(protocol.REGISTER, entry.job, body, src=f"rank:{entry.assigned_rank}")
+        self._up_own(protocol.REGISTER, entry.job, body)  # own src: agents proposing one id are no replays
 
     # --- time ---------------------------------------------------------------------------
     def tick(self, ranks_drained: bool = True, link_stats: dict | None = None) -> None:
@@ -245,7 +252,7 @@ class NodeCore:
         and report the agent's status. ``ranks_drained``: nothing from ranks is waiting
         unread (a dead rank's last frames are read before it is declared lost)."""
         now = self.clock()
-        for entry in self.registry.due(now):
+        for entry in self.held.route(self.registry.due(now), now, self._forward_register):
             self._answer(entry)
         if now >= self._next_liveness:
             self._next_liveness = now + LIVENESS_EVERY_S
@@ -338,6 +345,7 @@ class NodeCore:
         msg = self._updecoder.decode(frame)
         if msg is None:
             return
+        self.held.heard = True
         if msg.type == protocol.CONTROL:
             self._on_control(frame, msg)
         elif msg.type == protocol.STATUS and msg.body["what"] == "clock":
@@ -345,6 +353,9 @@ class NodeCore:
             detail = dict(msg.body.get("detail") or {})
             detail["t2"] = self.wall()
             self.out.up_volatile.append(self._msg(protocol.STATUS, msg.job, {"what": "clock", "detail": detail}))
+        elif msg.type == protocol.STATUS and msg.body["what"] == "assigned":
+            if not confirm_assigned(self.registry, self.held, msg.job, msg.body.get("detail"), self._answer):
+                self._updecoder.rejected["bad_assigned"] += 1
         elif msg.type == protocol.STATUS and msg.body["what"] == "ack":
             high = (msg.body.get("detail") or {}).get("high")
             if isinstance(high, dict):
@@ -382,8 +393,8 @@ class NodeCore:
         log.info("sent %d bundle chunks for rank %s (transfer %s)", n, entry.assigned_rank, transfer)
 
     def on_link_up(self) -> None:
-        """A (re)connected coordinator may have lost everything: registrations, the rank
-        map, and the name tables the ranks sent long ago (owed with their next STEP)."""
+        """A (re)connected coordinator may have lost everything: registrations, the rank map,
+        and the name tables the ranks sent long ago (owed with their next STEP)."""
         jobs = set()
         for e in self.registry.live():
             self._forward_register(e)

@@ -177,6 +177,13 @@ class RankRegistry:
         entry.assigned_rank, entry.state = rank, ProcessState.LIVE
         entry.remapped = entry.claimed_rank is not None and rank != entry.claimed_rank
 
+    def reassign(self, entry: RankEntry, rank: int) -> None:
+        """The coordinator's job-wide id replaces the one this host proposed."""
+        if entry.assigned_rank != rank:
+            self._ever_assigned.setdefault(entry.job, set()).add(rank)
+            entry.assigned_rank = rank
+            entry.remapped = entry.claimed_rank is not None and rank != entry.claimed_rank
+
     # --- state changes -------------------------------------------------------------
     def finish(self, entry: RankEntry) -> None:
         entry.state = ProcessState.FINISHED

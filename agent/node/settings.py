@@ -23,3 +23,6 @@ class AgentSettings:
     coordinator_curve: CurveKeys | None = None  # CURVE client keys for a non-local coordinator
     host: str | None = None  # default: socket.gethostname()
     drain_s: float = 5.0  # on stop, how long to keep sending the backlog
+    #: How long a registration waits for the coordinator's job-wide id before the rank is
+    #: answered with this host's (0: at once; ranks wait 2 s for their answer).
+    assign_wait_s: float = 0.0

@@ -34,6 +34,10 @@ _finder: "_MindSporeFinder | None" = None
 def install() -> None:
     """Arrange for the probe to attach when (and only if) MindSpore is imported."""
     global _finder
+    if os.environ.get("MS_ROLE") == "MS_SCHED":
+        # msrun's scheduler runs the training script only to host the cluster's meeting
+        # point (it says RANK_ID=0 too): probing it would claim rank 0 beside the real one.
+        return
     handover.register(yield_to_user)
     if "mindspore" in sys.modules:
         _on_mindspore()

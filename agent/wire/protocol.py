@@ -65,7 +65,9 @@ SCHEMAS: dict[str, _Schema] = {
         "assigned_rank": ((int, type(None)), False),
     },
     REGISTERED: {"assigned_rank": (_INT, True), "claimed_rank": ((int, type(None)), True),
-                 "remapped": ((bool,), True)},
+                 "remapped": ((bool,), True),
+                 # The coordinator's cluster-wide choice, relayed when it made one.
+                 "on_terminate": ((str,), False)},
     STEP: {
         "rank": (_INT, True), "step": (_INT, True), "token": (_INT, False),
         "wall_time": (_NUM, False), "new_names": ((dict,), True), "cols": ((dict,), True),

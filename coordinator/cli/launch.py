@@ -90,6 +90,11 @@ def main(argv: list[str]) -> int:
         if args.agent:
             agent_endpoint = args.agent
             launch.say(f"attaching ranks to this host's node agent at {agent_endpoint} (job {launch.job})")
+            judged = [k for k in ("groups", "deadline_s", "detectors", "watchpoints") if k in cluster]
+            if judged or args.on_divergence:
+                # The verdict is the cluster coordinator's: these never reach it from here.
+                print(f"[rankscope] warning: with --agent, {', '.join(judged or ['--on-divergence'])} "
+                      "must be given to `rankscope coordinator`; ignored here", file=sys.stderr, flush=True)
         else:
             agent_endpoint = launch.start_agent(launch.start_coordinator())
         rc = launch.run_command(agent_endpoint)

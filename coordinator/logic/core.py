@@ -30,6 +30,7 @@ from rankscope.coordinator.logic.detector_set import build_step_detectors
 from rankscope.coordinator.logic.detectors.progress import ProgressDetector
 from rankscope.coordinator.logic.failures import Death, FailureJudge
 from rankscope.coordinator.logic.incident import Action, IncidentEvent
+from rankscope.coordinator.logic.identities import merge_rank_maps
 from rankscope.coordinator.logic.incident_book import IncidentBook
 from rankscope.coordinator.logic.series import SeriesRecorder
 from rankscope.coordinator.logic.verdict import Verdict
@@ -143,7 +144,8 @@ class CoordinatorCore:
             rec.last_step = max(rec.last_step, last_step)
 
     def on_rank_map(self, job: str, entries: list[dict[str, Any]]) -> None:
-        self.rank_maps[job] = list(entries)
+        # Every node agent sends the rows of its own processes: the job's map is them all.
+        self.rank_maps[job] = merge_rank_maps(self.rank_maps.get(job, []), list(entries))
 
     def set_watchpoints(self, rules: list[dict[str, Any]]) -> None:
         """Replace the watchpoints at run time (same format as ``cluster.watchpoints``)."""

@@ -122,6 +122,17 @@ class Frontend:
         return self.call(fn, *args, **kwargs).result(timeout)
 
     # --- sending (loop thread only) ----------------------------------------------------
+    def send_status(self, ident: bytes, what: str, *, job: str = "", detail: dict | None = None) -> bool:
+        """One STATUS to one peer; False when it could not be delivered."""
+        frame = protocol.encode(Message(protocol.STATUS, job, "coordinator", self._seq(),
+                                        {"what": what, "detail": dict(detail or {})}))
+        try:
+            self._sock.send_multipart([ident, frame], flags=zmq.NOBLOCK)
+            return True
+        except zmq.ZMQError as exc:
+            log.warning("status %s not delivered to %r: %s", what, ident, exc)
+            return False
+
     def send_control(self, command: str, *, job: str = "", args: dict | None = None,
                      incident: str | None = None, target: int | None = None,
                      peers: list[bytes] | None = None) -> int:

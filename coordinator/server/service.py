@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rankscope.coordinator.logic.identities import JobIdentities
 from rankscope.coordinator.server.actions import ActionPerformer
 from rankscope.coordinator.server.frontend import Frontend, Handlers, Peer
 from rankscope.coordinator.server.metrics import CoordinatorMetrics
@@ -40,6 +41,10 @@ class CoordinatorService(Handlers):
         self.settings = parse_cluster(cluster)
         # The core persists and reloads incident state under export_dir (restarts keep it).
         self.core = CoordinatorCore(self.settings, export_dir=self.export_dir)
+        self.identities = JobIdentities()
+        # What ranks must do as the cluster says, sent with every job-wide id: only what
+        # the coordinator was told, so a rank's own config still counts where it was not.
+        self.rank_settings = {k: cluster[k] for k in ("on_terminate",) if k in cluster}
         self.metrics = CoordinatorMetrics()
         if ray_metrics:
             self.metrics.enable_ray()
@@ -75,14 +80,23 @@ class CoordinatorService(Handlers):
                                    sync.shifted(peer.clock.offset) if sync is not None else None,
                                    dropped=b.get("dropped"))
         elif t == protocol.REGISTER:
-            # The node agent forwards each registration with the id it assigned.
-            rank = rank_from_wire(b.get("assigned_rank"))
-            if rank is None:
+            # The node agent forwards each registration with the id it proposes; the
+            # job-wide id is decided here and sent back, the agent answers its rank with it.
+            proposed = rank_from_wire(b.get("assigned_rank"))
+            if proposed is None:
                 log.warning("REGISTER from %s without a rank id: ignored", msg.src)
                 return
+            rank = self.identities.assign(job, b["host"], b["pid"], proposed)
+            if rank != proposed:
+                log.warning("job %s: pid %s on %s was proposed id %d, which another host's process "
+                            "holds: assigned %d", job, b["pid"], b["host"], proposed, rank)
             peer.ranks.add((job, rank))
-            self.core.on_register(job, rank, dict(b))
+            self.core.on_register(job, rank, {**b, "assigned_rank": rank, "remapped": rank != b.get("claimed_rank")})
+            self.frontend.send_status(peer.identity, "assigned", job=job,
+                                      detail={"host": b["host"], "pid": b["pid"], "rank": rank,
+                                              "settings": self.rank_settings})
         elif t == protocol.RANK_LOST:
+            self.identities.lose(job, b["rank"])
             sync = SyncPoint.from_wire(b.get("sync"))
             died_at = b.get("died_at")
             self.core.on_rank_lost(job, rank_from_wire(b["rank"]), b["last_step"], b["exit_status"], b["reason"],
