@@ -11,7 +11,6 @@ yet) must not delay every rank's start.
 from __future__ import annotations
 
 import logging
-
 from typing import Callable
 
 from rankscope.node.registry import RankEntry, RankRegistry

@@ -17,7 +17,6 @@ import logging
 import os
 import socket
 import time
-from dataclasses import dataclass, field
 from typing import Callable
 
 from rankscope.node.assign import HeldAnswers, confirm_assigned
@@ -25,6 +24,7 @@ from rankscope.node.bundles import RankBundles
 from rankscope.node.exports import RecentExports
 from rankscope.node.liveness import LivenessMonitor, Lost, ProcStat, read_stat
 from rankscope.node.name_ledger import NameLedger
+from rankscope.node.outbox import Key, Outbox
 from rankscope.node.registry import ProcessState, RankEntry, RankRegistry
 from rankscope.node.relay import ControlRelay
 from rankscope.node.settings import AgentSettings
@@ -45,22 +45,6 @@ BYE_WAIT_S = 5.0
 LIVENESS_EVERY_S = 0.2
 STATUS_EVERY_S = 2.0
 
-Key = tuple[str, int]  # ("job|src", seq) of a durable frame, for acknowledgements
-
-
-@dataclass
-class Outbox:
-    """What the loop must send: to ranks by routing identity, and to the coordinator
-    (durable frames go through the spool, volatile ones only when the link is idle)."""
-
-    to_ranks: list[tuple[bytes, bytes]] = field(default_factory=list)
-    up: list[tuple[bytes, Key | None]] = field(default_factory=list)
-    up_volatile: list[bytes] = field(default_factory=list)
-    #: The coordinator's acknowledgements: {"job|src": seq} high-water marks.
-    acks: list[dict] = field(default_factory=list)
-
-    def __bool__(self) -> bool:
-        return bool(self.to_ranks or self.up or self.up_volatile or self.acks)
 
 
 class NodeCore:

@@ -15,7 +15,8 @@ import time
 
 import zmq
 
-from rankscope.node.core import NodeCore, Outbox
+from rankscope.node.core import NodeCore
+from rankscope.node.outbox import Outbox
 from rankscope.node.pidfd import PidWatch
 from rankscope.node.settings import AgentSettings
 from rankscope.node.spool import SpoolLog

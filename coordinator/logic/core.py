@@ -29,8 +29,8 @@ from rankscope.coordinator.logic.coverage import Coverage
 from rankscope.coordinator.logic.detector_set import build_step_detectors
 from rankscope.coordinator.logic.detectors.progress import ProgressDetector
 from rankscope.coordinator.logic.failures import Death, FailureJudge
-from rankscope.coordinator.logic.incident import Action, IncidentEvent
 from rankscope.coordinator.logic.identities import merge_rank_maps
+from rankscope.coordinator.logic.incident import Action, IncidentEvent
 from rankscope.coordinator.logic.incident_book import IncidentBook
 from rankscope.coordinator.logic.series import SeriesRecorder
 from rankscope.coordinator.logic.verdict import Verdict
