@@ -73,7 +73,7 @@ class CoordinatorService(Handlers):
             sync = SyncPoint.from_wire(b.get("sync"))
             self.core.on_heartbeat(job, rank_from_wire(b["rank"]), b["step"], b["state"],
                                    sync.shifted(peer.clock.offset) if sync is not None else None,
-                                   dropped=b.get("dropped"))
+                                   dropped=b.get("dropped"), started=b.get("started"))
         elif t == protocol.REGISTER:
             # The node agent forwards each registration with the id it assigned.
             rank = rank_from_wire(b.get("assigned_rank"))
@@ -102,7 +102,9 @@ class CoordinatorService(Handlers):
         rank, what = detail.get("rank"), b["what"]
         step = detail.get("step") if isinstance(detail.get("step"), int) else -1
         if isinstance(rank, int) and what in ("paused", "running", "resumed", "stepping", "terminated"):
-            self.core.on_heartbeat(job, rank, step, "running" if what == "resumed" else what)
+            started = detail.get("started")
+            self.core.on_heartbeat(job, rank, step, "running" if what == "resumed" else what,
+                                   started=started if isinstance(started, int) and not isinstance(started, bool) else None)
         elif isinstance(rank, int) and what == "finished":
             self.core.on_rank_finished(job, rank, step if step >= 0 else None)
         if what.startswith("collect") and self.collector is not None:
