@@ -27,16 +27,19 @@ from rankscope.wire.sync import IN
 _TAKES_PART = (RankState.RUNNING, RankState.PAUSED)
 
 
-def started(rec: RankRecord) -> int:
+def started(rec: RankRecord, known: bool = False) -> int:
     """The newest step this rank may have begun. Over-estimating costs one more step
-    before the pause; under-estimating costs a round of :meth:`CutKeeper.review`."""
+    before the pause; under-estimating costs a round of :meth:`CutKeeper.review`.
+    ``known``: only what the rank said it began, never a guess from the steps it handed
+    over (once the pause is out, a rank that handed over the step before the cut is
+    most likely holding, not past it; its own report settles which)."""
     best = rec.started if rec.started is not None else -1
     if rec.sync is not None:
         best = max(best, rec.sync.step)
     held = held_before(rec)
     if held is not None:
         best = max(best, held - 1)  # held at the boundary after this step
-    else:
+    elif not known:
         best = max(best, rec.last_step + 1)  # handed a step over: may have begun the next
     return best
 
@@ -118,7 +121,7 @@ class CutKeeper:
         if cut is None:
             return None
         live = [r for r in ranks if r.state in _TAKES_PART]
-        need = max((max(started(r) + 1, held_before(r) or 0) for r in live), default=cut.step)
+        need = max((max(started(r, known=True) + 1, held_before(r) or 0) for r in live), default=cut.step)
         if need <= cut.step:
             return None
         cut.moves.append(cut.step)
