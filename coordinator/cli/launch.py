@@ -78,7 +78,9 @@ def main(argv: list[str]) -> int:
         rc = launch.run_command(agent_endpoint)
         return launch.finish(rc)
     except KeyboardInterrupt:
-        print("[rankscope] interrupted", file=sys.stderr)
+        stopped = launch.stop_command()
+        print(f"[rankscope] interrupted: stopped the job ({len(stopped)} process(es)); what was recorded "
+              f"is in {launch.export_dir}", file=sys.stderr)
         return 130
     finally:
         launch.cleanup()

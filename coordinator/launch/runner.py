@@ -19,7 +19,9 @@ import uuid
 from pathlib import Path
 
 from rankscope.coordinator.launch.env import AttachSettings, child_env
+from rankscope.coordinator.launch.paused import PausedNotice, reach_args
 from rankscope.coordinator.launch.progress import ProgressPrinter, format_verdict
+from rankscope.coordinator.launch.tree import stop_tree
 
 #: Exit status when rankscope terminated the job because of an incident.
 INCIDENT_EXIT = 86
@@ -38,6 +40,7 @@ class Launch:
         self.agent_proc: subprocess.Popen | None = None
         self.cmd_proc: subprocess.Popen | None = None
         self.coordinator = None
+        self.address: str | None = None  # the Ray address operator commands use to reach this job
         self.started_ray = False
         self._agent_cmd: list[str] = []
         self.listed: Path | None = None  # this job's record in the machine's job index
@@ -53,8 +56,9 @@ class Launch:
         endpoint = self.coordinator.endpoint()
         from rankscope.coordinator.server import job_index
         from rankscope.coordinator.server.client import ray_address
+        self.address = ray_address()
         self.listed = job_index.record(job_index.JobRecord(
-            job=self.job, address=ray_address() or "", namespace=self.coordinator.namespace,
+            job=self.job, address=self.address or "", namespace=self.coordinator.namespace,
             name=self.coordinator.name, pid=os.getpid(), export_dir=str(self.export_dir)))
         self.say(f"coordinator up on {endpoint} (job {self.job}, on divergence: "
                  f"{self.cluster['on_divergence']})")
@@ -118,6 +122,7 @@ class Launch:
             out.close()  # the child holds its own descriptor
             self.say(f"command output -> {self.args.log}")
         progress = ProgressPrinter(self.say)
+        paused = PausedNotice(self.say, self.job, reach_args(self.address, self.job))
         killed_at: float | None = None
         while self.cmd_proc.poll() is None:
             if self.coordinator is None:  # --agent: the cluster's coordinator reports
@@ -131,6 +136,7 @@ class Launch:
                 status = None
             if status:
                 progress.update(status)
+                paused.update(status, time.monotonic())
                 if status.get("terminated") and killed_at is None:
                     killed_at = time.monotonic()
             if killed_at is not None and time.monotonic() - killed_at > self.args.grace:
@@ -180,10 +186,16 @@ class Launch:
                 except ProcessLookupError:
                     pass
 
+    def stop_command(self, grace_s: float = 3.0) -> list[int]:
+        """Stop every process of the command's tree (a worker held by a pause included)."""
+        if self.cmd_proc is None:
+            return []
+        return stop_tree(self.cmd_proc.pid, self.cmd_proc.pid, grace_s)
+
     def cleanup(self) -> None:
         from rankscope.coordinator.server import job_index
         job_index.forget(self.listed)
-        self.signal_tree(signal.SIGTERM)
+        self.stop_command()
         if self.agent_proc is not None and self.agent_proc.poll() is None:
             self.agent_proc.terminate()
             try:

@@ -180,7 +180,8 @@ class CoordinatorService(Handlers):
         return self.frontend.call_sync(self._incidents)
 
     def _incidents(self) -> list[dict]:
-        return [{**d, "transfer_problems": self.actions.problems(d["incident_id"])} for d in self.core.documents()]
+        return [{**d, "transfer_problems": self.actions.problems(d["incident_id"]),
+                 "bytes_received": self.actions.received.get(d["incident_id"], 0)} for d in self.core.documents()]
 
     def control(self, command: str, args: dict | None = None) -> dict:
         return self.frontend.call_sync(self._control, command, dict(args or {}))
