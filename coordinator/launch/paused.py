@@ -112,7 +112,7 @@ class PausedNotice:
             if last is None or (last[0] != progress and now - last[1] >= self.export_every_s):
                 self._export[iid] = (progress, now)
                 self.say(f"exporting {iid}: {progress[0]}/{progress[1]} rank bundle(s) in, {mib(progress[2])}")
-        elif iid in self._export and iid not in self._written and state not in ("detected", "pausing"):
+        elif iid not in self._written and state in ("written", "resumed", "terminated", "continued"):
             self._written.add(iid)
             done = len(inc.get("bundles") or {})
             missing = inc.get("missing_bundles") or []
