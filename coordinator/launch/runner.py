@@ -60,6 +60,8 @@ class Launch:
         self.listed = job_index.record(job_index.JobRecord(
             job=self.job, address=self.address or "", namespace=self.coordinator.namespace,
             name=self.coordinator.name, pid=os.getpid(), export_dir=str(self.export_dir)))
+        self.say(f"control it from another terminal: rankscope status|pause|step N|resume|export|terminate "
+                 f"{reach_args(self.address, self.job)}")
         self.say(f"coordinator up on {endpoint} (job {self.job}, on divergence: "
                  f"{self.cluster['on_divergence']})")
         return endpoint
