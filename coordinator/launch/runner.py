@@ -54,6 +54,8 @@ class Launch:
         self.coordinator = Coordinator.start(str(self.export_dir), self.cluster, job=self.job,
                                              name=f"rankscope-{self.job}")
         endpoint = self.coordinator.endpoint()
+        self.say(f"coordinator up on {endpoint} (job {self.job}, on divergence: "
+                 f"{self.cluster['on_divergence']})")
         from rankscope.coordinator.server import job_index
         from rankscope.coordinator.server.client import ray_address
         self.address = ray_address()
@@ -62,8 +64,6 @@ class Launch:
             name=self.coordinator.name, pid=os.getpid(), export_dir=str(self.export_dir)))
         self.say(f"control it from another terminal: rankscope status|pause|step N|resume|export|terminate "
                  f"{reach_args(self.address, self.job)}")
-        self.say(f"coordinator up on {endpoint} (job {self.job}, on divergence: "
-                 f"{self.cluster['on_divergence']})")
         return endpoint
 
     def start_agent(self, coordinator_endpoint: str) -> str:

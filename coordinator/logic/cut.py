@@ -39,8 +39,9 @@ def started(rec: RankRecord, known: bool = False) -> int:
     held = held_before(rec)
     if held is not None:
         best = max(best, held - 1)  # held at the boundary after this step
-    elif not known:
-        best = max(best, rec.last_step + 1)  # handed a step over: may have begun the next
+    else:
+        # Handing a step over proves it began that one, and it may have begun the next.
+        best = max(best, rec.last_step + (0 if known else 1))
     return best
 
 
