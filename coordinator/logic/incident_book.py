@@ -98,8 +98,12 @@ class IncidentBook:
             self.terminated_jobs.add(inc.job)
         self._queue(actions)
         if any(a.kind is ActionKind.PAUSE for a in actions) or before is IncidentState.PAUSING:
-            inc.cut = self.cuts.report(inc.job, self._job_ranks(inc.job), self.wall_clock(),
-                                       given_up=event is IncidentEvent.PAUSE_TIMEOUT) or inc.cut
+            urgent = inc.verdict.urgent  # a crash: the export did not wait for the pause at all
+            cut = self.cuts.report(inc.job, self._job_ranks(inc.job), self.wall_clock(),
+                                   given_up=event is IncidentEvent.PAUSE_TIMEOUT and not urgent)
+            if cut is not None and urgent:
+                cut["not_waited_for"] = "a rank died or hung: the bundles were exported at once"
+            inc.cut = cut or inc.cut
         self.store.save(inc)
         return actions
 
