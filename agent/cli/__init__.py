@@ -18,7 +18,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "agent": ("rankscope.cli.agent", "run the node agent for this host's ranks"),
     "keys": ("rankscope.cli.keys", "create CURVE key pairs and allowlists"),
     "status": ("rankscope.coordinator.cli.control", "ranks, steps, lag and incidents of a running job"),
-    "pause": ("rankscope.coordinator.cli.control", "pause every rank at its next step boundary"),
+    "pause": ("rankscope.coordinator.cli.control", "pause every rank before one common step (a consistent cut)"),
     "resume": ("rankscope.coordinator.cli.control", "resume a paused job"),
     "step": ("rankscope.coordinator.cli.control", "run N more steps, then pause again"),
     "terminate": ("rankscope.coordinator.cli.control", "terminate every rank"),

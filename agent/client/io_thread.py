@@ -76,8 +76,11 @@ class ClientIO:
     def control(self, msg: Message) -> None:
         b, gate = msg.body, self.c.gate
         cmd, args, incident = b["command"], b.get("args") or {}, b.get("incident")
-        if cmd == "pause":
-            gate.pause(incident)
+        at = args.get("at")
+        at = at if isinstance(at, int) and not isinstance(at, bool) and at >= 0 else None
+        if cmd == "pause" or (cmd == "step" and at is not None):
+            # With ``at``: the job's consistent cut, the step every rank holds before.
+            gate.pause(incident, at=at)
         elif cmd == "resume":
             gate.resume()
         elif cmd == "step":
@@ -154,6 +157,12 @@ class ClientIO:
             n += 1
         return n
 
+    def _started(self) -> int:
+        """The step this rank last began (before its first boundary: the one after the
+        last it handed over)."""
+        started = self.c.gate.started
+        return started if started is not None else max(self.c.last_step + 1, 0)
+
     def _heartbeat(self) -> None:
         c, gate = self.c, self.c.gate
         blocked = gate.waiting_at
@@ -168,7 +177,8 @@ class ClientIO:
         if snapshot != self.last_gate:
             if self.last_gate is not None and (state in ("paused", "terminated") or self.last_gate[0] == "paused"):
                 what = "paused" if state == "paused" else ("resumed" if state in ("running", "stepping") else state)
-                self.send(protocol.STATUS, {"what": what, "detail": {"rank": c.rank, "step": step}})
+                self.send(protocol.STATUS, {"what": what, "detail": {"rank": c.rank, "step": step,
+                                                                     "started": self._started()}})
             self.last_gate = snapshot
             self.next_beat = 0.0
         tracker = c.sync
@@ -180,9 +190,12 @@ class ClientIO:
             return
         self.next_beat = now + c.heartbeat_s
         self.last_beat = now
-        body = {"rank": rank_to_wire(c.rank), "step": step, "state": state, "pid": c.pid}
+        body = {"rank": rank_to_wire(c.rank), "step": step, "state": state, "pid": c.pid,
+                "started": self._started()}
         if c.dropped:
             body["dropped"] = c.dropped
+        if gate.hold_at is not None:
+            body["hold_at"] = gate.hold_at
         if tracker is not None:
             self.sync_seen = tracker.changes
             latest = tracker.latest

@@ -2,8 +2,11 @@
 
 Pure logic: the daemon sends the frames. A pause or terminate is *sticky*: a rank that
 registers after the cluster was paused gets the same command right after its id, so it
-stops at its first step boundary like everybody else; ``resume`` clears it. ``step N``
-is not sticky (a newcomer has no N steps to catch up on; it is paused instead).
+stops at its first step boundary like everybody else; ``resume`` clears it. A pause that
+names its step (``args.at``, the job's consistent cut) holds the newcomer before that same
+step, and a ``step`` that names one moves the cut, so it becomes the sticky frame. A
+plain ``step N`` is not sticky (a newcomer has no N steps to catch up on; it is paused
+instead).
 """
 from __future__ import annotations
 
@@ -44,7 +47,7 @@ class ControlRelay:
         command = msg.body["command"]
         jobs = [msg.job] if msg.job else ["*"]
         for job in jobs:
-            if command in _STICKY:
+            if command in _STICKY or (command == "step" and (msg.body.get("args") or {}).get("at") is not None):
                 self._sticky[job] = frame
             elif command == "step" and job in self._sticky:
                 pass  # still paused afterwards: keep the pause for newcomers

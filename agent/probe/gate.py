@@ -5,6 +5,13 @@ The probe calls :meth:`StepGate.at_step_boundary` once per step (inside
 ``pause``/``resume``/``run_steps``/``terminate`` from its own thread when control
 arrives. The states are MindInsight's training control (seeds/002) applied to every
 rank at once.
+
+A pause may name the step to hold at (``pause(at=S)``): the rank runs on until the
+boundary that would start step ``S`` and blocks there, so every rank of a data-parallel
+job stops at the same step (the coordinator's consistent cut) and none is left inside a
+collective the others will never enter. A rank that is already past ``S`` when the order
+arrives blocks at its next boundary instead; :attr:`StepGate.started` tells the
+coordinator, which then moves the cut for everybody.
 """
 from __future__ import annotations
 
@@ -14,7 +21,8 @@ from typing import Callable
 
 
 class GateState(str, enum.Enum):
-    """RUNNING: steps pass. PAUSED: the next boundary blocks until resume/step/terminate.
+    """RUNNING: steps pass. PAUSED: the boundary starting step ``hold_at`` (any boundary
+    when it is None) blocks until resume/step/terminate.
     STEPPING: ``remaining`` more boundaries pass, then PAUSED. TERMINATED: the next
     boundary raises :class:`RankscopeTerminated` (or exits, per ``on_terminate``)."""
 
@@ -42,21 +50,27 @@ class StepGate:
         self.incident: str | None = None
         self.reason = ""
         self.waiting_at: int | None = None  # the step this rank is paused at, if any
+        self.hold_at: int | None = None  # PAUSED: block before this step starts (None: next boundary)
+        #: The step this rank last began (training thread; one int store per boundary).
+        self.started: int | None = None
         self._on_state = on_state  # told when the rank blocks/unblocks, for status
         self.exit_on_terminate = exit_on_terminate
         self.exit_code = exit_code
 
     # --- driven by the control thread -------------------------------------------
-    def pause(self, incident: str | None = None) -> None:
+    def pause(self, incident: str | None = None, at: int | None = None) -> None:
+        """Block at the next boundary, or (``at``) at the one that would start step ``at``.
+        A new ``at`` replaces the old one: a rank held before an earlier step runs on."""
         with self._cond:
             if self.state != GateState.TERMINATED:
                 self.state, self.incident = GateState.PAUSED, incident or self.incident
+                self.hold_at = at
             self._cond.notify_all()
 
     def resume(self) -> None:
         with self._cond:
             if self.state != GateState.TERMINATED:
-                self.state = GateState.RUNNING
+                self.state, self.hold_at = GateState.RUNNING, None
             self._cond.notify_all()
 
     def run_steps(self, n: int) -> None:
@@ -64,7 +78,7 @@ class StepGate:
             raise ValueError(f"step count must be >= 1, got {n}")
         with self._cond:
             if self.state != GateState.TERMINATED:
-                self.state, self.remaining = GateState.STEPPING, n
+                self.state, self.remaining, self.hold_at = GateState.STEPPING, n, None
             self._cond.notify_all()
 
     def terminate(self, incident: str | None = None, reason: str = "") -> None:
@@ -74,24 +88,30 @@ class StepGate:
 
     # --- called by the training thread ------------------------------------------
     def at_step_boundary(self, step: int) -> None:
-        """Return at once when running; block while paused. Cheap in the common case:
-        one attribute read without the lock."""
+        """``step`` has just ended. Return at once when running; block while paused.
+        Cheap in the common case: one attribute read without the lock."""
+        if self.started is None:
+            self.started = step  # the first boundary: this rank was inside ``step``
         if self.state is GateState.RUNNING:
+            self.started = step + 1
             return
         with self._cond:
             if self.state is GateState.STEPPING:
                 self.remaining -= 1
                 if self.remaining > 0:
+                    self.started = step + 1
                     return
-                self.state = GateState.PAUSED
+                self.state, self.hold_at = GateState.PAUSED, None
             notified = False
-            while self.state is GateState.PAUSED:
+            while self.state is GateState.PAUSED and (self.hold_at is None or step + 1 >= self.hold_at):
                 if not notified:
                     self.waiting_at = step
                     self._notify(GateState.PAUSED, step)
                     notified = True
                 self._cond.wait(timeout=1.0)
             self.waiting_at = None
+            if self.state is not GateState.TERMINATED:
+                self.started = step + 1
             if notified:
                 self._notify(self.state, step)
             if self.state is GateState.TERMINATED:

@@ -73,7 +73,10 @@ SCHEMAS: dict[str, _Schema] = {
         "wall_time": (_NUM, False), "new_names": ((dict,), True), "cols": ((dict,), True),
     },
     HEARTBEAT: {"rank": (_INT, True), "step": (_INT, True), "state": ((str,), True),
-                "pid": (_INT, False), "sync": ((dict, type(None)), False), "dropped": (_INT, False)},
+                "pid": (_INT, False), "sync": ((dict, type(None)), False), "dropped": (_INT, False),
+                # started: the step the rank last began; hold_at: the step it was told to
+                # pause before (the job's consistent cut), when it has one.
+                "started": (_INT, False), "hold_at": (_INT, False)},
     # died_at: the agent's wall clock when it saw the death; signal: the fatal signal when
     # the process was killed by one; exception: what the rank said it died of; sync: its
     # last sync point (wire.sync) as the agent heard it.

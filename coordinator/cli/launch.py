@@ -85,7 +85,14 @@ def main(argv: list[str]) -> int:
     def _on_signal(signum, _frame):
         launch.signal_tree(signum)
         raise KeyboardInterrupt
-    signal.signal(signal.SIGTERM, _on_signal)
+
+    def _catch_signals():
+        # SIGINT too: a launcher started in the background has it ignored, yet an
+        # explicit kill -INT must still stop the job. Again after ray.init, which
+        # installs a SIGTERM handler of its own that exits without any clean-up.
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, _on_signal)
+    _catch_signals()
     try:
         if args.agent:
             agent_endpoint = args.agent
@@ -96,7 +103,9 @@ def main(argv: list[str]) -> int:
                 print(f"[rankscope] warning: with --agent, {', '.join(judged or ['--on-divergence'])} "
                       "must be given to `rankscope coordinator`; ignored here", file=sys.stderr, flush=True)
         else:
-            agent_endpoint = launch.start_agent(launch.start_coordinator())
+            endpoint = launch.start_coordinator()
+            _catch_signals()
+            agent_endpoint = launch.start_agent(endpoint)
         rc = launch.run_command(agent_endpoint)
         return launch.finish(rc)
     except Exception as exc:
@@ -107,7 +116,9 @@ def main(argv: list[str]) -> int:
         print(f"rankscope launch: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        print("[rankscope] interrupted", file=sys.stderr)
+        launch.stop_command()
+        print(f"[rankscope] interrupted: the job's processes are stopped; what was recorded is in "
+              f"{launch.export_dir}", file=sys.stderr)
         return 130
     finally:
         launch.cleanup()

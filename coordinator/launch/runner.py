@@ -19,7 +19,9 @@ import uuid
 from pathlib import Path
 
 from rankscope.coordinator.launch.env import AttachSettings, child_env
+from rankscope.coordinator.launch.paused import PausedNotice, reach_args
 from rankscope.coordinator.launch.progress import ProgressPrinter, format_verdict
+from rankscope.coordinator.launch.tree import stop_tree
 from rankscope.coordinator.launch.watched import (
     UNWATCHED_EXIT,
     AttachWatch,
@@ -52,6 +54,7 @@ class Launch:
         self.agent_proc: subprocess.Popen | None = None
         self.cmd_proc: subprocess.Popen | None = None
         self.coordinator = None
+        self.address: str | None = None  # the Ray address operator commands use to reach this job
         self.started_ray = False
         self._agent_cmd: list[str] = []
         self.listed: Path | None = None  # this job's record in the machine's job index
@@ -65,13 +68,16 @@ class Launch:
         self.coordinator = Coordinator.start(str(self.export_dir), self.cluster, job=self.job,
                                              name=f"rankscope-{self.job}")
         endpoint = self.coordinator.endpoint()
-        from rankscope.coordinator.server import job_index
-        from rankscope.coordinator.server.client import ray_address
-        self.listed = job_index.record(job_index.JobRecord(
-            job=self.job, address=ray_address() or "", namespace=self.coordinator.namespace,
-            name=self.coordinator.name, pid=os.getpid(), export_dir=str(self.export_dir)))
         self.say(f"coordinator up on {endpoint} (job {self.job}, on divergence: "
                  f"{self.cluster['on_divergence']})")
+        from rankscope.coordinator.server import job_index
+        from rankscope.coordinator.server.client import ray_address
+        self.address = ray_address()
+        self.listed = job_index.record(job_index.JobRecord(
+            job=self.job, address=self.address or "", namespace=self.coordinator.namespace,
+            name=self.coordinator.name, pid=os.getpid(), export_dir=str(self.export_dir)))
+        self.say(f"control it from another terminal: rankscope status|pause|step N|resume|export|terminate "
+                 f"{reach_args(self.address, self.job)}")
         return endpoint
 
     def start_agent(self, coordinator_endpoint: str) -> str:
@@ -133,6 +139,7 @@ class Launch:
             out.close()  # the child holds its own descriptor
             self.say(f"command output -> {self.args.log}")
         progress = ProgressPrinter(self.say)
+        paused = PausedNotice(self.say, self.job, reach_args(self.address, self.job))
         killed_at: float | None = None
         while self.cmd_proc.poll() is None:
             self.attach_watch.poll()
@@ -148,6 +155,7 @@ class Launch:
             if status:
                 self.last_status = status
                 progress.update(status)
+                paused.update(status, time.monotonic())
                 if status.get("terminated") and killed_at is None:
                     killed_at = time.monotonic()
             if killed_at is not None and time.monotonic() - killed_at > self.args.grace:
@@ -219,10 +227,16 @@ class Launch:
                 except ProcessLookupError:
                     pass
 
+    def stop_command(self, grace_s: float = 3.0) -> list[int]:
+        """Stop every process of the command's tree (a worker held by a pause included)."""
+        if self.cmd_proc is None:
+            return []
+        return stop_tree(self.cmd_proc.pid, self.cmd_proc.pid, grace_s)
+
     def cleanup(self) -> None:
         from rankscope.coordinator.server import job_index
         job_index.forget(self.listed)
-        self.signal_tree(signal.SIGTERM)
+        self.stop_command()
         if self.agent_proc is not None and self.agent_proc.poll() is None:
             self.agent_proc.terminate()
             try:

@@ -55,6 +55,7 @@ class RankRecord:
     last_step: int = -1  # newest step this rank reported
     last_seen: float | None = None
     heartbeat_step: int | None = None
+    started: int | None = None  # the step it says it last began (heartbeats)
     layout: "Layout | None" = None
     #: Its newest sync point (where it stands relative to its collectives), coordinator clock.
     sync: SyncPoint | None = None

@@ -94,15 +94,19 @@ class CoordinatorCore:
             ingest(b, now)
 
     def on_heartbeat(self, job: str, rank: int | None, step: int, state: str,
-                     sync: SyncPoint | None = None, dropped: int | None = None) -> None:
+                     sync: SyncPoint | None = None, dropped: int | None = None,
+                     started: int | None = None) -> None:
         """``sync``: the rank's newest sync point, already on the coordinator's clock;
-        ``dropped``: how many steps the rank's client has dropped so far."""
+        ``dropped``: how many steps the rank's client has dropped so far; ``started``:
+        the step it last began."""
         if rank is None:
             return
         if dropped:
             self.coverage.dropped(job, rank, dropped)
         rec = self.aligner.rank(job, rank)
         rec.last_seen, rec.heartbeat_step = self.clock(), step
+        if started is not None:
+            rec.started = started
         if sync is not None and (rec.sync is None or (sync.key(), sync.phase != "in") >= (rec.sync.key(),
                                                                                            rec.sync.phase != "in")):
             rec.sync = sync
@@ -280,9 +284,10 @@ class CoordinatorCore:
                 "heartbeat_step": rec.heartbeat_step, "host": rec.info.get("host"), "pid": rec.info.get("pid"),
                 "seen_s_ago": None if rec.last_seen is None else round(now - rec.last_seen, 3),
             }
-        for j in jobs.values():
+        for job, j in jobs.items():
             for r in j["ranks"].values():
                 r["lag"] = j["newest_step"] - r["step"]
+            j["cut"] = self.book.cut_report(job)
         return {
             "jobs": jobs, "pending_steps": self.aligner.pending_steps(), "counters": dict(self.aligner.counters),
             "steps_judged": self.aligner.counters["steps_judged"], "records": self.aligner.counters["records"],

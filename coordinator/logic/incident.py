@@ -15,7 +15,10 @@ Which path is taken depends on ``on_divergence``:
 * continue: export without pausing (flight recorders still hold the last steps),
   write, keep training.
 
-An operator TERMINATE ends any unfinished incident. Events that are not in the
+A pause names one step for the whole job (the consistent cut, :mod:`.cut`); when a rank
+turns out to be past it already, CUT_MOVED sends the pause again with a later step, in
+any state where ranks are (or are being) held. An operator TERMINATE ends any unfinished
+incident. Events that are not in the
 table raise :class:`IncidentTransitionError`, so a stray event never moves state.
 """
 from __future__ import annotations
@@ -50,6 +53,7 @@ class IncidentEvent(str, enum.Enum):
     START = "start"
     ALL_PAUSED = "all_paused"
     PAUSE_TIMEOUT = "pause_timeout"
+    CUT_MOVED = "cut_moved"  # a rank was past the pause step: pause again at a later one
     BUNDLES_RECEIVED = "bundles_received"
     EXPORT_TIMEOUT = "export_timeout"
     WRITE_DONE = "write_done"
@@ -86,6 +90,8 @@ def _table() -> dict[tuple[OnDivergence, IncidentState, IncidentEvent], _Row]:
             t[(pol, S.PAUSING, E.ALL_PAUSED)] = (S.EXPORTING, (A.EXPORT,))
             # A rank that never pauses (hung) must not block the export of the others.
             t[(pol, S.PAUSING, E.PAUSE_TIMEOUT)] = (S.EXPORTING, (A.EXPORT,))
+            for st in (S.PAUSING, S.EXPORTING, S.WRITTEN):
+                t[(pol, st, E.CUT_MOVED)] = (st, (A.PAUSE,))
         else:
             t[(pol, S.DETECTED, E.START)] = (S.EXPORTING, (A.EXPORT,))
         t[(pol, S.EXPORTING, E.BUNDLES_RECEIVED)] = (S.WRITTEN, (A.WRITE_INCIDENT,))
@@ -134,6 +140,9 @@ class Incident:
     ranks: dict[int, dict[str, Any]] = field(default_factory=dict)  # rank -> state/step at pause
     history: list[tuple[str, str, float]] = field(default_factory=list)  # (event, new state, wall)
     incident_json: str | None = None
+    #: The consistent cut (:meth:`CutKeeper.report`): the step every rank holds before,
+    #: and why any rank is not there.
+    cut: dict[str, Any] | None = None
 
     @property
     def final(self) -> bool:
@@ -153,6 +162,7 @@ class Incident:
             "related": self.related, "bundles": {str(r): p for r, p in self.bundles.items()},
             "ranks": {str(r): v for r, v in self.ranks.items()},
             "history": [list(h) for h in self.history], "incident_json": self.incident_json,
+            "cut": self.cut,
         }
 
     @classmethod
@@ -164,5 +174,5 @@ class Incident:
             bundles={int(r): p for r, p in d.get("bundles", {}).items()},
             ranks={int(r): v for r, v in d.get("ranks", {}).items()},
             history=[tuple(h) for h in d.get("history", [])],  # type: ignore[misc]
-            incident_json=d.get("incident_json"),
+            incident_json=d.get("incident_json"), cut=d.get("cut"),
         )

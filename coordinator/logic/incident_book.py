@@ -14,6 +14,7 @@ from typing import Any, Callable
 
 from rankscope.config.cluster import ClusterSettings, OnDivergence
 from rankscope.coordinator.logic.aligner import RankRecord, RankState, StepAligner
+from rankscope.coordinator.logic.cut import CutKeeper, held_before, started
 from rankscope.coordinator.logic.incident import (
     Action,
     ActionKind,
@@ -46,6 +47,7 @@ class IncidentBook:
         #: Jobs rankscope terminated: their ranks ending is the expected outcome, not a
         #: finding, and no further incident is opened for them.
         self.terminated_jobs: set[str] = set()
+        self.cuts = CutKeeper()
         for inc in self.store.load_all():  # a restarted coordinator keeps its incidents
             self.by_id[inc.incident_id] = inc
             if inc.state is IncidentState.TERMINATED:
@@ -86,18 +88,37 @@ class IncidentBook:
         return inc
 
     def fire(self, inc: Incident, event: IncidentEvent) -> list[Action]:
+        before = inc.state
         actions = inc.apply(event, self.wall_clock())
-        self._since[inc.incident_id] = self.clock()
+        if event is not IncidentEvent.CUT_MOVED:
+            self._since[inc.incident_id] = self.clock()  # moving the cut does not restart the pause's clock
         if inc.state in (IncidentState.EXPORTING, IncidentState.WRITTEN) and not inc.ranks:
             inc.ranks = self._rank_snapshot(inc.job)  # the ranks as they were at the pause
-        self.store.save(inc)
         if any(a.kind is ActionKind.TERMINATE for a in actions):
             self.terminated_jobs.add(inc.job)
         self._queue(actions)
+        if any(a.kind is ActionKind.PAUSE for a in actions) or before is IncidentState.PAUSING:
+            urgent = inc.verdict.urgent  # a crash: the export did not wait for the pause at all
+            cut = self.cuts.report(inc.job, self._job_ranks(inc.job), self.wall_clock(),
+                                   given_up=event is IncidentEvent.PAUSE_TIMEOUT and not urgent)
+            if cut is not None and urgent:
+                cut["not_waited_for"] = "a rank died or hung: the bundles were exported at once"
+            inc.cut = cut or inc.cut
+        self.store.save(inc)
         return actions
 
     def _queue(self, actions: list[Action]) -> None:
         for a in actions:
+            if a.kind in (ActionKind.PAUSE, ActionKind.STEP):
+                # One step for the whole job: every rank holds before it (a consistent cut).
+                ranks, why = self._job_ranks(a.job), "divergence" if a.incident_id else "pause"
+                if a.kind is ActionKind.STEP:
+                    a.detail["at"] = self.cuts.choose(a.job, ranks, f"step {a.detail['n']}", self.clock(),
+                                                      ahead=a.detail["n"])
+                else:
+                    a.detail["at"] = self.cuts.choose(a.job, ranks, why, self.clock())
+            elif a.kind in (ActionKind.RESUME, ActionKind.TERMINATE):
+                self.cuts.clear(a.job)
             if a.kind in (ActionKind.RESUME, ActionKind.STEP):
                 # Take the resume as done: until their heartbeats say so, stale "paused"
                 # states would make the next incident's pause look complete at once.
@@ -115,7 +136,8 @@ class IncidentBook:
     def _rank_snapshot(self, job: str) -> dict[int, dict[str, Any]]:
         out: dict[int, dict[str, Any]] = {}
         for r in self._job_ranks(job):
-            snap: dict[str, Any] = {"state": r.state.value, "step": r.last_step, "heartbeat_step": r.heartbeat_step}
+            snap: dict[str, Any] = {"state": r.state.value, "step": r.last_step, "heartbeat_step": r.heartbeat_step,
+                                    "started": started(r), "paused_before": held_before(r)}
             if r.death is not None:
                 snap.update({k: v for k, v in r.death.items() if v is not None})
             if r.sync is not None:
@@ -124,13 +146,14 @@ class IncidentBook:
         return out
 
     def advance(self, now: float) -> None:
-        """Fire the events the rank table shows: all paused, all bundles in, or a timeout."""
+        """Fire the events the rank table shows: a rank past the cut, all paused, all
+        bundles in, or a timeout."""
+        self._review_cuts()
         for inc in [i for i in self.by_id.values() if not i.final]:
             since = self._since.get(inc.incident_id, now)
             if inc.state is IncidentState.PAUSING:
                 # Stalled and lost ranks cannot pause; the timeout covers ranks that never do.
-                running = [r for r in self._job_ranks(inc.job) if r.state in (RankState.RUNNING, RankState.PAUSED)]
-                if all(r.state is RankState.PAUSED for r in running):
+                if self.cuts.settled(inc.job, self._job_ranks(inc.job)):
                     self.fire(inc, IncidentEvent.ALL_PAUSED)
                 elif now - since >= self.settings.pause_timeout_s:
                     self.fire(inc, IncidentEvent.PAUSE_TIMEOUT)
@@ -144,6 +167,23 @@ class IncidentBook:
                     self.fire(inc, IncidentEvent.BUNDLES_RECEIVED)
                 elif now - since >= self.settings.export_timeout_s:
                     self.fire(inc, IncidentEvent.EXPORT_TIMEOUT)
+
+    def _review_cuts(self) -> None:
+        """A rank already began the cut's step: pause every rank again, at a later one."""
+        for job in list(self.cuts.cuts):
+            moved = self.cuts.review(job, self._job_ranks(job))
+            if moved is None:
+                continue
+            log.info("job %s: a rank was past the pause step; every rank now pauses before step %d", job, moved)
+            inc = self.active(job)
+            if inc is not None and inc.policy is not OnDivergence.CONTINUE and inc.state in (
+                    IncidentState.PAUSING, IncidentState.EXPORTING, IncidentState.WRITTEN):
+                self.fire(inc, IncidentEvent.CUT_MOVED)
+            else:
+                self._queue([Action(ActionKind.PAUSE, job, None, {})])
+
+    def cut_report(self, job: str) -> dict[str, Any] | None:
+        return self.cuts.report(job, self._job_ranks(job), self.wall_clock())
 
     def take_actions(self) -> list[Action]:
         out, self.actions = self.actions, []

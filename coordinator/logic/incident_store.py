@@ -85,6 +85,7 @@ def incident_document(incident: Incident, ranks: Mapping[int, Mapping[str, Any]]
         "related_verdicts": incident.related,
         # detected -> paused -> exported -> written -> resumed/terminated, as it happened.
         "timeline": timeline(incident),
+        "cut": incident.cut,
     }
     if export_dir is not None:
         doc["dir"] = str(incident_dir(export_dir, incident.incident_id))

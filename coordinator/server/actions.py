@@ -40,6 +40,7 @@ class ActionPerformer:
         self.send_control = send_control
         self.assemblers: dict[str, BundleAssembler] = {}
         self.reported: set[tuple[str, int]] = set()
+        self.received: dict[str, int] = {}  # incident -> bundle bytes arrived (export progress)
         self.terminated = False
         self._io = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="rankscope-report")
         self._jobs: list[concurrent.futures.Future] = []
@@ -112,6 +113,8 @@ class ActionPerformer:
         asm = self.assemblers.get(iid) if isinstance(iid, str) else None
         if asm is None:
             return False
+        data = body.get("data")
+        self.received[iid] = self.received.get(iid, 0) + (len(data) if isinstance(data, (bytes, bytearray)) else 0)
         done = asm.accept(body)
         rank = body.get("rank")
         if done is not None and isinstance(rank, int) and (iid, rank) not in self.reported:

@@ -78,7 +78,7 @@ class CoordinatorService(Handlers):
             sync = SyncPoint.from_wire(b.get("sync"))
             self.core.on_heartbeat(job, rank_from_wire(b["rank"]), b["step"], b["state"],
                                    sync.shifted(peer.clock.offset) if sync is not None else None,
-                                   dropped=b.get("dropped"))
+                                   dropped=b.get("dropped"), started=b.get("started"))
         elif t == protocol.REGISTER:
             # The node agent forwards each registration with the id it proposes; the
             # job-wide id is decided here and sent back, the agent answers its rank with it.
@@ -116,7 +116,9 @@ class CoordinatorService(Handlers):
         rank, what = detail.get("rank"), b["what"]
         step = detail.get("step") if isinstance(detail.get("step"), int) else -1
         if isinstance(rank, int) and what in ("paused", "running", "resumed", "stepping", "terminated"):
-            self.core.on_heartbeat(job, rank, step, "running" if what == "resumed" else what)
+            started = detail.get("started")
+            self.core.on_heartbeat(job, rank, step, "running" if what == "resumed" else what,
+                                   started=started if isinstance(started, int) and not isinstance(started, bool) else None)
         elif isinstance(rank, int) and what == "finished":
             self.core.on_rank_finished(job, rank, step if step >= 0 else None)
         if what.startswith("collect") and self.collector is not None:
@@ -192,7 +194,8 @@ class CoordinatorService(Handlers):
         return self.frontend.call_sync(self._incidents)
 
     def _incidents(self) -> list[dict]:
-        return [{**d, "transfer_problems": self.actions.problems(d["incident_id"])} for d in self.core.documents()]
+        return [{**d, "transfer_problems": self.actions.problems(d["incident_id"]),
+                 "bytes_received": self.actions.received.get(d["incident_id"], 0)} for d in self.core.documents()]
 
     def control(self, command: str, args: dict | None = None) -> dict:
         return self.frontend.call_sync(self._control, command, dict(args or {}))

@@ -178,7 +178,7 @@ def test_control_drives_the_step_gate_and_heartbeats_report_it(tmp_path):
         t = threading.Thread(target=lambda: (gate.at_step_boundary(7), passed.append(7)), daemon=True)
         t.start()
         hb = stub.pump(lambda m: m.type == protocol.STATUS and m.body["what"] == "paused")
-        assert [m.body["detail"] for m in hb if m.type == protocol.STATUS][0] == {"rank": 40, "step": 7}
+        assert [m.body["detail"] for m in hb if m.type == protocol.STATUS][0] == {"rank": 40, "step": 7, "started": 7}
         assert not passed
         stub.control("resume")
         t.join(10)

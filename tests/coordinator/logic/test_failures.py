@@ -121,6 +121,9 @@ def test_a_hang_with_nobody_dead_is_named_after_the_hang_timeout_and_only_once()
     [v] = core.tick()
     assert (v.rank, v.step, v.evidence["reason"]) == (1, 8, "hang")
     assert v.urgent
+    [inc] = core.incidents()  # a hang: the export does not wait for a pause that cannot come
+    assert inc["state"] == "exporting" and "exported at once" in inc["cut"]["not_waited_for"]
+    assert inc["cut"]["partial"] == {}
     wall.t = T0 + 40
     assert core.tick() == []
 

@@ -91,8 +91,12 @@ def test_core_drives_pause_export_write_and_holds_until_resumed(tmp_path) -> Non
     core = CoordinatorCore({"on_divergence": "pause"}, clock=clock, export_dir=tmp_path, wall_clock=lambda: 1.7e9)
     sim = SyntheticTraining(ranks=4, tensors=16, seed=1)
     [v] = _job(core, clock, 6, 3, sim)
-    [act] = core.take_actions()
-    assert (act.kind, act.job) == (ActionKind.PAUSE, sim.job)
+    # The ranks ran on after the verdict (step 5 arrived: they began the cut's step, and
+    # may be inside step 6), so the pause is sent again for step 7.
+    acts = core.take_actions()
+    assert [(a.kind, a.detail["at"]) for a in acts] == [(ActionKind.PAUSE, 5), (ActionKind.PAUSE, 7)]
+    act = acts[-1]
+    assert act.job == sim.job and len({a.incident_id for a in acts}) == 1
     iid = act.incident_id
     assert iid and core.incidents()[0]["state"] == "pausing"
     assert (tmp_path / "incidents" / iid / "state.json").is_file()
@@ -116,6 +120,8 @@ def test_core_drives_pause_export_write_and_holds_until_resumed(tmp_path) -> Non
     assert doc["detected_at"].startswith("2023-11-14T22:13:20")
     assert doc["evidence"]["agreeing_ranks"] == 3
     assert {k: v["state"] for k, v in doc["ranks"].items()} == {str(r): "paused" for r in range(4)}
+    assert {v["paused_before"] for v in doc["ranks"].values()} == {7}
+    assert doc["cut"]["step"] == 7 and doc["cut"]["complete"] and doc["cut"]["moved_from"] == [5, 6]
     assert set(doc["bundles"]) == {"0", "1", "2", "3"} and doc["missing_bundles"] == []
     [resume] = core.operator("resume")
     assert resume.kind is ActionKind.RESUME and core.incidents()[0]["state"] == "resumed"
@@ -180,7 +186,8 @@ def test_operator_controls_without_incident_and_manual_export(tmp_path) -> None:
     core = CoordinatorCore({}, clock=FakeClock(), export_dir=tmp_path)
     core.on_register("j", 0, {})
     [a] = core.operator("step", n=3)
-    assert (a.kind, a.detail, a.incident_id) == (ActionKind.STEP, {"n": 3}, None)
+    # Nothing begun yet: the third boundary from here (steps 0, 1 run, hold before 2).
+    assert (a.kind, a.detail, a.incident_id) == (ActionKind.STEP, {"n": 3, "at": 2}, None)
     with pytest.raises(ValueError, match="step"):
         core.operator("step", n=0)
     with pytest.raises(ValueError, match="command"):

@@ -60,8 +60,14 @@ def test_divergence_pauses_exports_writes_and_resumes(tmp_path):
         inc = wait_for(lambda: _incident(h))
         assert (inc["first_diverging_rank"], inc["step"], inc["detector"]) == (2, 4, "nan_origin")
         assert inc["state"] == "pausing"  # waits for every rank to block at a boundary
+        # Steps 0-5 were handed over, so step 6 may have begun: the cut is step 7.
+        inc = wait_for(lambda: (i := _incident(h)) and i["cut"]["step"] == 7 and i)
         for r in range(4):
-            agent.status("paused", r, 5)
+            agent.status("paused", r, 5)  # held before step 6: not the cut, the pause waits
+        time.sleep(1.0)
+        assert _incident(h)["state"] == "pausing"
+        for r in range(4):
+            agent.status("paused", r, 6)
         export = agent.expect_control("export")
         assert export.body["incident"] == iid and export.body["args"]["transfer"] == iid
         for r in range(4):

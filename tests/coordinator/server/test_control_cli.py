@@ -63,9 +63,10 @@ def test_pause_step_resume_reach_the_agent_and_bad_counts_are_refused(cluster, c
     _, agent, _ = cluster
     assert cli("pause") == 0
     assert "pause sent to 1 node agent(s)" in capsys.readouterr().out
-    agent.expect_control("pause")
+    at = agent.expect_control("pause").body["args"]["at"]
+    assert at == 4  # steps 0-2 handed over: step 3 may have begun, so every rank holds before 4
     assert cli("step", "3") == 0
-    assert agent.expect_control("step").body["args"] == {"n": 3}
+    assert agent.expect_control("step").body["args"] == {"n": 3, "at": 6}
     assert cli("resume") == 0
     agent.expect_control("resume")
     assert cli("step", "0") == 2
@@ -84,9 +85,9 @@ def test_export_collects_every_rank_bundle_into_an_incident(cluster, capsys, tmp
     assert again.returncode == 2, again.stderr[-2000:]
     assert again.stderr.strip().splitlines() == [again.stderr.strip()], again.stderr
     assert "already open" in again.stderr and "Traceback" not in again.stderr and "\x1b" not in again.stderr
-    agent.expect_control("pause")
+    at = agent.expect_control("pause").body["args"]["at"]
     for r in range(2):
-        agent.status("paused", r, 2)
+        agent.status("paused", r, at - 1)
     iid = agent.expect_control("export").body["args"]["transfer"]
     for r in range(2):
         agent.send_bundle(r, iid, tmp_path)

@@ -1,0 +1,70 @@
+"""The StepGate's pause at a named step: ranks behind run on, the rank at the step holds,
+a later step releases it, and what it began is always known."""
+from __future__ import annotations
+
+import threading
+import time
+
+from rankscope.probe.gate import GateState, StepGate
+
+
+def _train(gate: StepGate, steps: int, log: list[int]) -> threading.Thread:
+    def loop() -> None:
+        for s in range(steps):
+            log.append(s)  # step s runs
+            gate.at_step_boundary(s)
+    t = threading.Thread(target=loop, daemon=True)
+    t.start()
+    return t
+
+
+def _wait(pred, timeout: float = 10.0) -> None:
+    end = time.monotonic() + timeout
+    while not pred() and time.monotonic() < end:
+        time.sleep(0.005)
+    assert pred()
+
+
+def test_pause_at_a_step_holds_before_it_and_a_later_step_moves_it() -> None:
+    gate, log = StepGate(), []
+    gate.pause("inc", at=4)
+    t = _train(gate, 10, log)
+    _wait(lambda: gate.waiting_at is not None)
+    assert gate.waiting_at == 3 and log == [0, 1, 2, 3] and gate.started == 3
+    gate.pause("inc", at=6)  # the cut moved: run steps 4 and 5, hold before 6
+    _wait(lambda: gate.waiting_at == 5)
+    assert log == list(range(6)) and gate.started == 5 and gate.incident == "inc"
+    gate.resume()
+    t.join(10)
+    assert log == list(range(10)) and gate.started == 10 and gate.hold_at is None
+
+
+def test_a_rank_already_past_the_step_holds_at_its_next_boundary() -> None:
+    gate, log = StepGate(), []
+    for s in range(5):
+        gate.at_step_boundary(s)
+    assert gate.started == 5
+    gate.pause(at=3)  # arrived late: this rank began step 5 already
+    t = _train_from(gate, 5, log)
+    _wait(lambda: gate.waiting_at is not None)
+    assert gate.waiting_at == 5 and gate.started == 5 and gate.state is GateState.PAUSED
+    gate.resume()
+    t.join(10)
+
+
+def _train_from(gate: StepGate, first: int, log: list[int]) -> threading.Thread:
+    def loop() -> None:
+        for s in range(first, first + 3):
+            log.append(s)
+            gate.at_step_boundary(s)
+    t = threading.Thread(target=loop, daemon=True)
+    t.start()
+    return t
+
+
+def test_running_gate_costs_nothing_and_counts_steps_begun() -> None:
+    gate = StepGate()
+    assert gate.started is None
+    for s in range(3):
+        gate.at_step_boundary(s)
+    assert gate.started == 3 and gate.waiting_at is None
