@@ -23,6 +23,7 @@ import gc
 import weakref
 from typing import Any, Callable
 
+from rankscope.probe import compile_guard
 from rankscope.probe.hooks.recorder import Recorder
 from rankscope.probe.sync_tracker import SyncTracker
 from rankscope.wire.records import Kind
@@ -136,15 +137,15 @@ class Sentinels:
             return
         self._hooked.add(opt)
         self.optimizers.add(opt)
-        self._handles.append(opt.register_forward_pre_hook(self._optimizer_pre_hook))
-        self._handles.append(opt.register_forward_hook(self._optimizer_post_hook))
+        self._handles.append(compile_guard.register(opt, self._optimizer_pre_hook, pre=True))
+        self._handles.append(compile_guard.register(opt, self._optimizer_post_hook))
 
     def _hook_reducer(self, reducer: Any) -> None:
         if reducer in self._hooked:
             return
         self._hooked.add(reducer)
-        self._handles.append(reducer.register_forward_pre_hook(self._reducer_pre_hook))
-        self._handles.append(reducer.register_forward_hook(self._reducer_hook))
+        self._handles.append(compile_guard.register(reducer, self._reducer_pre_hook, pre=True))
+        self._handles.append(compile_guard.register(reducer, self._reducer_hook))
 
     def record_loss(self, loss: Any) -> None:
         """For callers that see the loss directly (the Model.train callback)."""
@@ -314,9 +315,20 @@ def _wrap_value_and_grad(orig: Callable, with_loss: bool = True) -> Callable:
                 except Exception as exc:  # noqa: BLE001
                     cur.rec.error("loss sentinel", exc)
             return out
+        def graph_form(*args, **kwargs):  # noqa: ANN002 - what a compile of grad_fn sees
+            return inner(*args, **kwargs)
+
         grad_fn.__wrapped__ = inner  # type: ignore[attr-defined]
+        compile_guard.passthrough(grad_fn, graph_form)
         return grad_fn
 
+    def graph_form(fn, grad_position=0, weights=None, has_aux=False, return_ids=False,
+                   sens_param=False):  # noqa: ANN001 - what a compile of value_and_grad sees
+        if with_loss:
+            return orig(fn, grad_position, weights, has_aux, return_ids, sens_param)
+        return orig(fn, grad_position, weights, has_aux, return_ids, sens_param)
+
+    compile_guard.passthrough(value_and_grad, graph_form)
     value_and_grad._rankscope = True  # type: ignore[attr-defined]
     value_and_grad.__wrapped__ = orig  # type: ignore[attr-defined]
     value_and_grad.__doc__ = orig.__doc__

@@ -19,7 +19,7 @@ import uuid
 from pathlib import Path
 
 from rankscope.coordinator.launch.env import AttachSettings, child_env
-from rankscope.coordinator.launch.progress import ProgressPrinter, format_verdict
+from rankscope.coordinator.launch.progress import ProgressPrinter, format_verdict, watch_summary
 
 #: Exit status when rankscope terminated the job because of an incident.
 INCIDENT_EXIT = 86
@@ -85,7 +85,7 @@ class Launch:
         if out is not None:
             out.close()  # the child holds its own descriptor
             self.say(f"command output -> {self.args.log}")
-        progress = ProgressPrinter(self.say)
+        progress = self.progress = ProgressPrinter(self.say)
         killed_at: float | None = None
         while self.cmd_proc.poll() is None:
             if self.coordinator is None:  # --agent: the cluster's coordinator reports
@@ -116,13 +116,28 @@ class Launch:
         incidents = self.coordinator.drain(30.0)
         if not incidents:
             self.say(f"no divergence found; command exited with {rc}")
+            self._say_watch()
             return rc
         for inc in incidents:
             print(format_verdict(inc), flush=True)
+        self._say_watch()
         # A job that failed after rankscope terminated it failed *because* of the incident.
         terminated = any(inc.get("policy") == "terminate" or inc.get("state") == "terminated"
                          for inc in incidents)
         return INCIDENT_EXIT if terminated and rc != 0 else rc
+
+    def _say_watch(self) -> None:
+        progress = getattr(self, "progress", None)
+        try:
+            status = self.coordinator.status(timeout=10) or {}
+            if progress is not None:
+                progress.watch.update({r: i["watch"] for r, i in (status.get("ranks") or {}).items()
+                                       if isinstance(i.get("watch"), dict)})
+        except Exception:  # noqa: BLE001 - the summary is best effort
+            status = {}
+        watch = progress.watch if progress is not None else {}
+        for line in watch_summary(watch, (status.get("ranks") or {}).keys()):
+            self.say(line)
 
     def signal_tree(self, sig: int) -> None:
         for proc in (self.cmd_proc,):

@@ -100,6 +100,8 @@ class CoordinatorService(Handlers):
         step = detail.get("step") if isinstance(detail.get("step"), int) else -1
         if isinstance(rank, int) and what in ("paused", "running", "resumed", "stepping", "terminated"):
             self.core.on_heartbeat(job, rank, step, "running" if what == "resumed" else what)
+        elif isinstance(rank, int) and what == "watch":
+            self.core.on_watch(job, rank, detail)
         elif isinstance(rank, int) and what == "finished":
             self.core.on_rank_finished(job, rank, step if step >= 0 else None)
         if what.startswith("collect") and self.collector is not None:
