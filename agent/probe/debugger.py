@@ -132,6 +132,7 @@ class PrecisionDebugger:
     def step(self) -> None:
         """End the step: emit its records to every sink, advance, then honour the StepGate."""
         done = self.current_step
+        self._guard("kernel rows", self.graph.collect)
         self._flush(done)
         self.current_step += 1
         self.recorder.step = self.current_step

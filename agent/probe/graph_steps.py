@@ -72,8 +72,9 @@ class GraphSteps:
         if not opts:
             return orig(cell, *args, **kwargs)
         try:
-            self.before(cell, opts)
+            self.before(cell, opts)  # may end the previous step: a pause waits here
         except Exception as exc:  # noqa: BLE001
+            _reraise_terminate(exc)
             self.on_error("before a compiled step", exc)
         self.sync.enter("graph")
         out = orig(cell, *args, **kwargs)
@@ -82,11 +83,15 @@ class GraphSteps:
         try:
             self.after(cell, out)
         except Exception as exc:  # noqa: BLE001
-            from rankscope.probe.gate import RankscopeTerminated
-            if isinstance(exc, RankscopeTerminated):
-                raise
+            _reraise_terminate(exc)
             self.on_error("after a compiled step", exc)
         return out
+
+
+def _reraise_terminate(exc: Exception) -> None:
+    from rankscope.probe.gate import RankscopeTerminated
+    if isinstance(exc, RankscopeTerminated):
+        raise exc
 
 
 def _install() -> None:

@@ -11,7 +11,7 @@ import atexit
 import logging
 from typing import Any, Callable
 
-from rankscope.probe import compile_guard
+from rankscope.probe import compile_guard, kernel_config
 from rankscope.probe.graph_steps import GraphSteps, loss_of
 from rankscope.probe.watch import WatchReporter
 
@@ -36,6 +36,11 @@ class GraphWatch:
         #: None: its own ``step()`` calls end the steps.
         self.on_step: Callable[[Any], None] | None = None
         self._graph_in_step = False
+        self.kernels: Any = None  # KernelReader once something is compiled
+        self._kernels_tried = False
+        self._owed: Any = None  # a compiled step whose end is not settled yet
+        self._names_for: Any = None
+        self._exit_late = False
 
     def attach(self) -> None:
         compile_guard.install()
@@ -48,31 +53,68 @@ class GraphWatch:
         if self._on_compile in compile_guard.listeners:
             compile_guard.listeners.remove(self._on_compile)
         self.steps.detach()
+        self._owed = None  # a closing session flushes its partial step itself
         try:
             atexit.unregister(self._at_exit)
         except Exception:  # noqa: BLE001
             pass
         self.report.say(self.dbg.rank, self.dbg.client, final=True)
+        if self.kernels is not None:
+            self.kernels.close()
 
     def _at_exit(self) -> None:
-        """A run that never showed a step still says it was not watched, and an
-        auto-attached rank registers first so ``rankscope launch`` hears it too."""
+        """Settle the last compiled step; a rank that never showed a step still says
+        it was not watched."""
         r = self.report
         if r.said is not None or r.silent or self.dbg.closed:
             return
         try:
-            if self.dbg.auto and not self.dbg._identified:  # noqa: SLF001
-                self.dbg._identify(None)  # noqa: SLF001
+            self._settle()
+            if r.said is not None:
+                return
+            if not self.dbg._identified:  # noqa: SLF001
+                # Never trained. msrun's scheduler imports MindSpore too: only a process
+                # that compiled something says (locally) that it was not watched, and
+                # none registers, which would count it as a rank.
+                if compile_guard.compiles:
+                    r.say(None, None, final=True)
+                return
             self.dbg.close()
         except Exception:  # noqa: BLE001 - exiting anyway
             r.say(self.dbg.rank, None, final=True)
 
     # ------------------------------------------------------------------ events
     def _on_compile(self, kind: str, obj: Any) -> None:
-        if kind == "jit" and not graph_mode():
+        graph = graph_mode()
+        if kind == "jit" and not graph:
             self.report.jit_compiles += 1
+        if not self._kernels_tried and (graph or kind == "jit"):
+            self._kernels_tried = True
+            self._start_kernels()
+
+    def _start_kernels(self) -> None:
+        """Before MindSpore's first compile reads it: point it at a kernel dump config."""
+        from rankscope.probe.kernel_reader import KernelReader
+        r = self.report
+        try:
+            import mindspore as ms
+            dump = kernel_config.install(self.dbg.config.dump_path, self.dbg.config.cluster.graph_kernels,
+                                         str(ms.get_context("device_target")))
+        except Exception as exc:  # noqa: BLE001 - the job runs on, watched by sentinels only
+            r.kernel_problem = f"kernel dump not configured: {exc}"[:200]
+            self.dbg.recorder.error("configuring the kernel dump", exc)
+            return
+        if dump is None:
+            r.kernel_problem = "kernel dump off (cluster.graph_kernels)"
+            return
+        self.kernels = KernelReader(dump, self.dbg.recorder.error)
+        r.kernel_dump = dump.describe()
 
     def _before(self, cell: Any, optimizers: list) -> None:
+        self._settle()  # the previous step ends here: its kernel files were read meanwhile
+        if self.kernels is not None and self._names_for is not cell:
+            self._names_for = cell
+            self.kernels.grad_names = _grad_names(cell, optimizers)
         s = self.dbg.sentinels
         if not s.enabled:
             return
@@ -87,8 +129,23 @@ class GraphWatch:
         loss = loss_of(output)
         if loss is not None:
             self.dbg.sentinels.record_loss(loss)
+        if self.kernels is not None:
+            self.kernels.submit()
         if self.on_step is not None:
+            self._owed = cell  # settled at the next step's start (or at exit)
+
+    def _settle(self) -> None:
+        cell, self._owed = self._owed, None
+        if cell is not None and self.on_step is not None:
             self.on_step(cell)
+
+    def collect(self) -> None:
+        """At a step's end, before its records leave: the step's kernel rows."""
+        if self.kernels is None:
+            return
+        rows = self.kernels.collect()
+        if rows:
+            self.dbg.recorder.insert_known([(r.name, r.kind, r.stats) for r in rows])
 
     def step_ended(self) -> None:
         """At every debugger step end: count the step's kind, say the watch line once."""
@@ -97,3 +154,20 @@ class GraphWatch:
         self._graph_in_step = False
         if self.report.said is None:
             self.report.say(self.dbg.rank, self.dbg.client)
+        if not self._exit_late and self.dbg.client is not None:
+            # Run before the node-agent client's own exit handler, which closes it: the
+            # last compiled step is settled (sent) at exit.
+            self._exit_late = True
+            atexit.unregister(self._at_exit)
+            atexit.register(self._at_exit)
+
+
+def _grad_names(cell: Any, optimizers: list) -> list[tuple[str, tuple]]:
+    """(parameter name, shape) in the gradient reducer's order, for naming its AllReduce."""
+    from rankscope.probe.sentinels import _reducer_names
+    shapes = {p.name: tuple(p.shape) for opt in optimizers for p in getattr(opt, "parameters", ())}
+    for _, sub in cell.cells_and_names():
+        names = _reducer_names.get(sub) if type(sub).__name__ == "DistributedGradReducer" else None
+        if names:
+            return [(n, shapes.get(n, ())) for n in names]
+    return [(p.name, tuple(p.shape)) for p in getattr(optimizers[0], "parameters", ())] if optimizers else []

@@ -54,7 +54,7 @@ class KernelTensor:
 def parse_name(filename: str, path: Path | None = None) -> KernelTensor | None:
     """A dump file name, or None for anything else (Parameter/constant files included)."""
     m = _FILE.match(filename)
-    if m is None:
+    if m is None or m["type"] == "Parameter":  # parameters are read from Python between steps
         return None
     return KernelTensor(m["type"], m["op"], m["task"], m["stream"], m["io"], int(m["slot"]), m["dtype"],
                         path, int(m["ts"]))
@@ -105,7 +105,7 @@ def read_statistic_csv(path: Path) -> list[CsvStats]:
         for row in csv.DictReader(fh):
             try:
                 out.append(_csv_row(row))
-            except (KeyError, ValueError):
+            except (KeyError, ValueError, TypeError, AttributeError):  # a short or garbled row
                 continue
     return out
 

@@ -1,0 +1,203 @@
+"""Per-step statistics from MindSpore's kernel dump, computed off the training thread.
+
+After each compiled step the finished iteration folders are handed to one helper thread
+(:meth:`KernelReader.submit`); it loads every tensor, computes rankscope's stats, and --
+when the dump is rankscope's own -- deletes the files, so at most the iterations of a
+step or two are ever on disk. :meth:`collect` (at the step's end, on the training
+thread) joins that work and returns the rows in the graph's execution order, which is
+what NaN-origin's "earliest" means in a compiled step.
+
+The gradient AllReduce of a data-parallel reducer gets the same names the PyNative
+sentinels use: its inputs are ``Sentinel.grad_local.<param>`` (a rank's own gradients,
+before the reduction could spread a fault), its outputs ``Sentinel.grad_reduced.<param>``
+(with CRC-32: identical on every replica). Every other kernel tensor keeps msProbe's L2
+name (kernel_files), as FORWARD or BACKWARD.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from rankscope.probe.kernel_config import KernelDump
+from rankscope.probe.kernel_files import (
+    CsvStats,
+    KernelTensor,
+    execution_order,
+    iteration_dirs,
+    parse_name,
+    read_statistic_csv,
+)
+from rankscope.probe.stats import TensorStats, array_stats
+from rankscope.wire.records import NO_CRC, Kind
+
+_OP_INDEX = re.compile(r"-op(\d+)$")
+
+
+@dataclass
+class KernelRow:
+    name: str
+    kind: Kind
+    stats: TensorStats
+    order: tuple
+
+
+@dataclass
+class ReaderCounters:
+    iterations: int = 0
+    files: int = 0
+    bytes_read: int = 0
+    high_water_bytes: int = 0
+    high_water_iterations: int = 0
+    errors: int = 0
+    last_error: str = ""
+    seen_kernels: set = field(default_factory=set)
+
+
+class KernelReader:
+    def __init__(self, dump: KernelDump, on_error: Callable[[str, Exception], None]) -> None:
+        self.dump = dump
+        self.on_error = on_error
+        self.counters = ReaderCounters()
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="rankscope-kernels")
+        self._done: set[Path] = set()
+        self._future: Future | None = None
+        #: Gradient parameter names in the reducer's order (set by the graph watch).
+        self.grad_names: list[tuple[str, tuple]] = []
+
+    def submit(self) -> None:
+        """Hand every iteration folder not read yet to the helper thread."""
+        if self._future is not None:  # the previous step's: finish it first (rare: no collect)
+            self._future.result()
+        self._future = self._pool.submit(self._read_new)
+
+    def collect(self) -> list[KernelRow]:
+        fut, self._future = self._future, None
+        if fut is None:
+            return []
+        try:
+            return fut.result()
+        except Exception as exc:  # noqa: BLE001
+            self.counters.errors += 1
+            self.on_error("reading the kernel dump", exc)
+            return []
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=False)
+
+    # ------------------------------------------------------------------ helper thread
+    def _read_new(self) -> list[KernelRow]:
+        root = self.dump.root
+        todo = [(g, it, d) for g, it, d in iteration_dirs(root) if d not in self._done]
+        c = self.counters
+        on_disk = sum(_size(d) for _, _, d in iteration_dirs(root))
+        c.high_water_bytes = max(c.high_water_bytes, on_disk)
+        c.high_water_iterations = max(c.high_water_iterations, len(todo))
+        rows: list[KernelRow] = []
+        orders: dict[int, dict[str, int]] = {}
+        for graph_id, _, it_dir in todo:
+            order = orders.get(graph_id)
+            if order is None:
+                order = orders[graph_id] = execution_order(root, graph_id)
+            rows += self._read_iteration(it_dir, graph_id, order)
+            c.iterations += 1
+            if self.dump.own:
+                shutil.rmtree(it_dir, ignore_errors=True)
+            else:
+                self._done.add(it_dir)
+        rows.sort(key=lambda r: r.order)
+        return self._name_grads(rows)
+
+    def _read_iteration(self, it_dir: Path, graph_id: int, order: dict[str, int]) -> list[KernelRow]:
+        rows: list[KernelRow] = []
+        c = self.counters
+        for entry in os.scandir(it_dir):
+            try:
+                if entry.name == "statistic.csv":
+                    rows += [self._csv_row(s, graph_id, order) for s in read_statistic_csv(Path(entry.path))]
+                    continue
+                t = parse_name(entry.name, Path(entry.path))
+                if t is None:
+                    continue
+                arr = np.load(entry.path, allow_pickle=False)
+                c.files += 1
+                c.bytes_read += entry.stat().st_size
+                crc = _is_reduced(t)
+                st = array_stats(arr, _dtype_name(t.dtype), crc=crc)
+                rows.append(KernelRow(t.record_name, _kind(t), st, _order(t, graph_id, order)))
+                c.seen_kernels.add(t.op_type)
+            except Exception as exc:  # noqa: BLE001 - one bad file never loses the rest
+                c.errors += 1
+                c.last_error = f"{entry.name}: {exc!r}"
+        return rows
+
+    def _csv_row(self, s: CsvStats, graph_id: int, order: dict[str, int]) -> KernelRow:
+        st = TensorStats(s.tensor.dtype, list(s.shape), s.max, s.min, s.mean, s.norm, s.nan, s.inf, s.numel,
+                         NO_CRC)  # statistics files carry no checksum
+        self.counters.seen_kernels.add(s.tensor.op_type)
+        return KernelRow(s.tensor.record_name, _kind(s.tensor), st, _order(s.tensor, graph_id, order))
+
+    def _name_grads(self, rows: list[KernelRow]) -> list[KernelRow]:
+        """Reducer AllReduce rows -> Sentinel.grad_local/grad_reduced.<param>.
+
+        MindSpore numbers the reducer's AllReduce kernels in either order relative to
+        the gradients; the parameters' shapes say which (ties keep index order)."""
+        red = [r for r in rows if r.kind in (Kind.GRAD_LOCAL, Kind.GRAD_REDUCED)]
+        if not red or not self.grad_names:
+            return rows
+        ins = sorted((r for r in red if r.kind is Kind.GRAD_LOCAL), key=_op_slot)
+        outs = sorted((r for r in red if r.kind is Kind.GRAD_REDUCED), key=_op_slot)
+        shapes = [s for _, s in self.grad_names]
+        names = [n for n, _ in self.grad_names]
+        for seq in (ins, outs):
+            if len(seq) != len(names):
+                continue
+            got = [tuple(r.stats.shape) for r in seq]
+            if got == shapes:
+                ordered = seq
+            elif got[::-1] == shapes:
+                ordered = seq[::-1]
+            else:
+                continue
+            prefix = "Sentinel.grad_local" if seq is ins else "Sentinel.grad_reduced"
+            for name, r in zip(names, ordered):
+                r.name = f"{prefix}.{name}"
+        return rows
+
+
+def _op_slot(r: KernelRow) -> tuple:
+    head = r.name.rsplit(".", 4)[0]  # <OpType>.<op_name>
+    m = _OP_INDEX.search(head)
+    return (int(m.group(1)) if m else 0, r.name)
+
+
+def _is_reduced(t: KernelTensor) -> bool:
+    return t.op_type == "AllReduce" and t.io == "output" and "DistributedGradReducer" in t.op_name
+
+
+def _kind(t: KernelTensor) -> Kind:
+    if t.op_type == "AllReduce" and "DistributedGradReducer" in t.op_name:
+        return Kind.GRAD_LOCAL if t.io == "input" else Kind.GRAD_REDUCED
+    return Kind.BACKWARD if t.backward else Kind.FORWARD
+
+
+def _order(t: KernelTensor, graph_id: int, order: dict[str, int]) -> tuple:
+    pos = order.get(t.op_name, len(order) + 1)
+    return (graph_id, pos, 0 if t.io == "input" else 1, t.slot)
+
+
+def _dtype_name(dtype: str) -> str:
+    return dtype[:1].upper() + dtype[1:] if dtype else "Float32"
+
+
+def _size(d: Path) -> int:
+    try:
+        return sum(e.stat().st_size for e in os.scandir(d))
+    except OSError:
+        return 0
