@@ -41,6 +41,7 @@ class GraphWatch:
         self._owed: Any = None  # a compiled step whose end is not settled yet
         self._names_for: Any = None
         self._exit_late = False
+        self._stamp: str | None = None
 
     def attach(self) -> None:
         compile_guard.install()
@@ -130,9 +131,23 @@ class GraphWatch:
         if loss is not None:
             self.dbg.sentinels.record_loss(loss)
         if self.kernels is not None:
-            self.kernels.submit()
+            self.kernels.submit(self._keep_dir())
         if self.on_step is not None:
             self._owed = cell  # settled at the next step's start (or at exit)
+
+    def _keep_dir(self) -> Any:
+        """task "tensor" on a selected step and rank: keep the kernel tensors, in
+        msProbe's static-graph L2 layout, for ``rankscope collect``."""
+        dbg, cfg = self.dbg, self.dbg.config
+        if cfg.task != "tensor" or not cfg.step_selected(dbg.current_step) or not cfg.rank_selected(dbg.rank):
+            return None
+        from pathlib import Path
+
+        from rankscope.wire.layout import graph_step_dir
+        if self._stamp is None:
+            import time
+            self._stamp = time.strftime("%Y%m%d%H%M%S")
+        return Path(cfg.dump_path).absolute() / graph_step_dir(dbg._label, self._stamp, dbg.current_step)  # noqa: SLF001
 
     def _settle(self) -> None:
         cell, self._owed = self._owed, None
@@ -143,6 +158,8 @@ class GraphWatch:
         """At a step's end, before its records leave: the step's kernel rows."""
         if self.kernels is None:
             return
+        if not self._graph_in_step:  # an eager step that ran jit graphs: read them now
+            self.kernels.submit()
         rows = self.kernels.collect()
         if rows:
             self.dbg.recorder.insert_known([(r.name, r.kind, r.stats) for r in rows])

@@ -71,11 +71,13 @@ class KernelReader:
         #: Gradient parameter names in the reducer's order (set by the graph watch).
         self.grad_names: list[tuple[str, tuple]] = []
 
-    def submit(self) -> None:
-        """Hand every iteration folder not read yet to the helper thread."""
+    def submit(self, keep_in: Path | None = None) -> None:
+        """Hand every iteration folder not read yet to the helper thread; ``keep_in``:
+        move the tensor files there (msProbe's static-graph L2 layout) instead of
+        deleting them."""
         if self._future is not None:  # the previous step's: finish it first (rare: no collect)
             self._future.result()
-        self._future = self._pool.submit(self._read_new)
+        self._future = self._pool.submit(self._read_new, keep_in)
 
     def collect(self) -> list[KernelRow]:
         fut, self._future = self._future, None
@@ -92,7 +94,7 @@ class KernelReader:
         self._pool.shutdown(wait=True, cancel_futures=False)
 
     # ------------------------------------------------------------------ helper thread
-    def _read_new(self) -> list[KernelRow]:
+    def _read_new(self, keep_in: Path | None = None) -> list[KernelRow]:
         root = self.dump.root
         todo = [(g, it, d) for g, it, d in iteration_dirs(root) if d not in self._done]
         c = self.counters
@@ -107,6 +109,8 @@ class KernelReader:
                 order = orders[graph_id] = execution_order(root, graph_id)
             rows += self._read_iteration(it_dir, graph_id, order)
             c.iterations += 1
+            if self.dump.own and keep_in is not None:
+                _move_all(it_dir, keep_in)
             if self.dump.own:
                 shutil.rmtree(it_dir, ignore_errors=True)
             else:
@@ -169,6 +173,12 @@ class KernelReader:
             for name, r in zip(names, ordered):
                 r.name = f"{prefix}.{name}"
         return rows
+
+
+def _move_all(src: Path, dest: Path) -> None:
+    dest.mkdir(parents=True, exist_ok=True)
+    for entry in os.scandir(src):
+        os.replace(entry.path, dest / entry.name)
 
 
 def _op_slot(r: KernelRow) -> tuple:

@@ -158,3 +158,23 @@ def test_graph_kernels_setting_is_checked(val):
     with pytest.raises(ConfigError, match="graph_kernels"):
         parse_cluster({"graph_kernels": val})
     assert parse_cluster({"graph_kernels": ["AllReduce"]}).graph_kernels == ("AllReduce",)
+
+
+def test_tensor_task_keeps_kernel_files_in_msprobes_static_graph_layout_for_collect(tmp_path):
+    from rankscope.client.transfers import dump_files
+    from rankscope.wire.layout import graph_step_dir
+    dump_path = tmp_path / "dump_path"
+    root = dump_path / "kernels_1"
+    order_csv(root, [SCOPE])
+    step_files(root, 0, np.ones((2, 3), np.float32), [])
+    keep = dump_path / graph_step_dir("rank3", "20261123120000", 2)
+    reader = KernelReader(KernelDump(root, True, "tensor", "x"), lambda *_: None)
+    reader.submit(keep_in=keep)
+    assert len(reader.collect()) == 2
+    assert keep == dump_path / "rank_3" / "20261123120000" / "step_2"
+    assert len(list(keep.glob("MatMul.*.npy"))) == 2
+    assert not (root / "rank_0" / "rankscope" / "0" / "0").exists()
+    got = dump_files(dump_path, "rank3", "2")
+    assert sorted(p.name for p in got) == sorted(p.name for p in keep.iterdir())
+    assert dump_files(dump_path, "rank3", "3") == [] and dump_files(dump_path, "rank1", None) == []
+    reader.close()
