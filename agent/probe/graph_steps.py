@@ -37,6 +37,10 @@ class GraphSteps:
         self.steps = 0
         self.enabled = True
         self._kinds: "weakref.WeakKeyDictionary[Any, list]" = weakref.WeakKeyDictionary()
+        #: @ms.jit functions (PyNative) -> the optimizers they step ([] = not a step).
+        self._jit_kinds: "weakref.WeakKeyDictionary[Any, list]" = weakref.WeakKeyDictionary()
+        #: The optimizers the script made (the sentinels' constructor patch sees them).
+        self.known_optimizers: Callable[[], list] = lambda: []
 
     def attach(self) -> None:
         if self not in _active:
@@ -88,6 +92,65 @@ class GraphSteps:
         return out
 
 
+    def run_jit(self, ex: Any, orig: Callable, args: tuple, kwargs: dict) -> Any:
+        """An @ms.jit call in PyNative: a training step when it steps an optimizer.
+
+        Whether it does is learnt on its first call, from the optimizers' step counters
+        (``global_step``, advanced by every optimizer call): one scalar read, once."""
+        fn = getattr(ex.fn, "__func__", ex.fn)
+        if str(getattr(fn, "__module__", "")).startswith("mindspore."):
+            return orig(ex, *args, **kwargs)  # MindSpore's own (an optimizer's kernels): part of a call
+        try:
+            opts = self._jit_kinds.get(fn) if self.enabled else []
+        except TypeError:
+            opts = []
+        counters = None
+        if opts is None:
+            counters = _step_counters(self.known_optimizers())
+            if not counters:
+                return orig(ex, *args, **kwargs)
+        elif not opts:
+            return orig(ex, *args, **kwargs)
+        else:
+            try:
+                self.before(None, opts)
+            except Exception as exc:  # noqa: BLE001
+                _reraise_terminate(exc)
+                self.on_error("before a jit step", exc)
+            self.sync.enter("graph")
+        out = orig(ex, *args, **kwargs)
+        if counters is not None:
+            now = _step_counters(list(counters))
+            opts = [o for o, v in counters.items() if now.get(o) != v]
+            try:
+                self._jit_kinds[fn] = opts
+            except TypeError:
+                pass
+            if not opts:
+                return out
+        else:
+            self.sync.leave("graph")
+        self.steps += 1
+        try:
+            self.after(None, out)
+        except Exception as exc:  # noqa: BLE001
+            _reraise_terminate(exc)
+            self.on_error("after a jit step", exc)
+        return out
+
+
+def _step_counters(optimizers: list) -> dict:
+    out = {}
+    for opt in optimizers:
+        gs = getattr(opt, "global_step", None)
+        if gs is not None and hasattr(gs, "asnumpy"):
+            try:
+                out[opt] = int(gs.asnumpy().reshape(-1)[0])
+            except Exception:  # noqa: BLE001
+                continue
+    return out
+
+
 def _reraise_terminate(exc: Exception) -> None:
     from rankscope.probe.gate import RankscopeTerminated
     if isinstance(exc, RankscopeTerminated):
@@ -107,6 +170,24 @@ def _install() -> None:
     compile_and_run.__wrapped__ = orig  # type: ignore[attr-defined]
     _patches.append((nn.Cell, "compile_and_run", orig))
     nn.Cell.compile_and_run = compile_and_run
+
+    from mindspore.graph.api import _JitExecutor
+    orig_call = _JitExecutor.__call__
+
+    def __call__(ex, *args, **kwargs):  # noqa: ANN001, N807
+        cur = _active[-1] if _active else None
+        if cur is None or _graph_mode():
+            return orig_call(ex, *args, **kwargs)
+        return cur.run_jit(ex, orig_call, args, kwargs)
+
+    __call__.__wrapped__ = orig_call  # type: ignore[attr-defined]
+    _patches.append((_JitExecutor, "__call__", orig_call))
+    _JitExecutor.__call__ = __call__
+
+
+def _graph_mode() -> bool:
+    from mindspore import context
+    return context._get_mode() == context.GRAPH_MODE  # noqa: SLF001
 
 
 def _restore() -> None:

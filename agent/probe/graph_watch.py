@@ -31,6 +31,7 @@ class GraphWatch:
         self.dbg = dbg
         self.report = WatchReporter()
         self.steps = GraphSteps(dbg.sync, self._before, self._after, dbg.recorder.error)
+        self.steps.known_optimizers = lambda: list(dbg.sentinels.optimizers)
         #: Set by autoattach: a compiled training step has ended (the session ends the
         #: step unless Model.train's callback does). A script's own debugger leaves it
         #: None: its own ``step()`` calls end the steps.
@@ -113,7 +114,7 @@ class GraphWatch:
 
     def _before(self, cell: Any, optimizers: list) -> None:
         self._settle()  # the previous step ends here: its kernel files were read meanwhile
-        if self.kernels is not None and self._names_for is not cell:
+        if self.kernels is not None and cell is not None and self._names_for is not cell:
             self._names_for = cell
             self.kernels.grad_names = _grad_names(cell, optimizers)
         s = self.dbg.sentinels
@@ -126,7 +127,10 @@ class GraphWatch:
 
     def _after(self, cell: Any, output: Any) -> None:
         self._graph_in_step = True
-        self.report.graph_steps += 1
+        if cell is None:  # an @ms.jit training step inside PyNative
+            self.report.jit_steps += 1
+        else:
+            self.report.graph_steps += 1
         loss = loss_of(output)
         if loss is not None:
             self.dbg.sentinels.record_loss(loss)

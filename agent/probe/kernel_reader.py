@@ -150,29 +150,43 @@ class KernelReader:
     def _name_grads(self, rows: list[KernelRow]) -> list[KernelRow]:
         """Reducer AllReduce rows -> Sentinel.grad_local/grad_reduced.<param>.
 
-        MindSpore numbers the reducer's AllReduce kernels in either order relative to
-        the gradients; the parameters' shapes say which (ties keep index order)."""
-        red = [r for r in rows if r.kind in (Kind.GRAD_LOCAL, Kind.GRAD_REDUCED)]
-        if not red or not self.grad_names:
+        MindSpore numbers the reducer's AllReduce kernels in an order of its own; the
+        parameters' shapes say which kernel carries which gradient (parameters of the
+        same shape keep the direction the uniquely-shaped ones show)."""
+        if not self.grad_names:
             return rows
-        ins = sorted((r for r in red if r.kind is Kind.GRAD_LOCAL), key=_op_slot)
-        outs = sorted((r for r in red if r.kind is Kind.GRAD_REDUCED), key=_op_slot)
-        shapes = [s for _, s in self.grad_names]
-        names = [n for n, _ in self.grad_names]
-        for seq in (ins, outs):
-            if len(seq) != len(names):
+        for kind, prefix in ((Kind.GRAD_LOCAL, "Sentinel.grad_local"), (Kind.GRAD_REDUCED, "Sentinel.grad_reduced")):
+            seq = [r for r in rows if r.kind is kind]
+            if not seq:
                 continue
-            got = [tuple(r.stats.shape) for r in seq]
-            if got == shapes:
-                ordered = seq
-            elif got[::-1] == shapes:
-                ordered = seq[::-1]
-            else:
+            names = match_by_shape([(_op_slot(r)[0], tuple(r.stats.shape)) for r in seq], self.grad_names)
+            if names is None:
                 continue
-            prefix = "Sentinel.grad_local" if seq is ins else "Sentinel.grad_reduced"
-            for name, r in zip(names, ordered):
+            for r, name in zip(seq, names):
                 r.name = f"{prefix}.{name}"
         return rows
+
+
+def match_by_shape(kernels: list[tuple[int, tuple]], params: list[tuple[str, tuple]]) -> list[str] | None:
+    """Parameter name for each (op index, shape), or None when shapes do not match."""
+    if len(kernels) != len(params) or sorted(map(str, (s for _, s in kernels))) != \
+            sorted(map(str, (s for _, s in params))):
+        return None
+    by_shape: dict[tuple, list[int]] = {}
+    for i, (_, shape) in enumerate(params):
+        by_shape.setdefault(shape, []).append(i)
+    unique = sorted((by_shape[s][0], op) for op, s in kernels if len(by_shape[s]) == 1)
+    rising = sum(1 for a, b in zip(unique, unique[1:]) if b[1] > a[1])
+    # undecided (fewer than two unique shapes): MindSpore's HyperMap numbers the last first
+    descending = rising < (len(unique) - 1) / 2 if len(unique) > 1 else True
+    out: list[str | None] = [None] * len(kernels)
+    for shape, idxs in by_shape.items():
+        ks = sorted((op, k) for k, (op, s) in enumerate(kernels) if s == shape)
+        if descending:
+            ks.reverse()
+        for (_, k), i in zip(ks, idxs):
+            out[k] = params[i][0]
+    return out  # type: ignore[return-value]
 
 
 def _move_all(src: Path, dest: Path) -> None:

@@ -38,6 +38,7 @@ class WatchReporter:
     def __init__(self) -> None:
         self.said: Watch | None = None
         self.graph_steps = 0
+        self.jit_steps = 0  # PyNative steps made by an @ms.jit function
         self.eager_steps = 0
         self.jit_compiles = 0
         self.kernel_dump: str | None = None  # how the kernel dump is set, or None
@@ -45,6 +46,10 @@ class WatchReporter:
         self.silent = False  # handed over to the script's own debugger, which will say it
 
     def current(self) -> Watch:
+        if self.jit_steps:
+            if self.kernel_dump:
+                return Watch(JIT, f"the kernel dump ({self.kernel_dump}) for its @ms.jit step and step sentinels")
+            return Watch(JIT, "step sentinels only (parameters, loss)", self.kernel_problem or "kernel dump off")
         if self.graph_steps:
             if self.kernel_dump:
                 return Watch(GRAPH, f"the kernel dump ({self.kernel_dump}) and step sentinels")
@@ -64,7 +69,8 @@ class WatchReporter:
 
     def say(self, rank: Any, client: Any = None, final: bool = False) -> Watch | None:
         """Say the line now if not said yet (``final``: also when nothing was seen)."""
-        if self.silent or self.said is not None or (not final and not (self.graph_steps or self.eager_steps)):
+        if self.silent or self.said is not None or \
+                (not final and not (self.graph_steps or self.eager_steps or self.jit_steps)):
             return None
         w = self.said = self.current()
         print(f"[rankscope] {w.line(rank)}", file=sys.stderr, flush=True)

@@ -109,7 +109,7 @@ def run(tmp_path: Path, style: str, attach: bool) -> tuple[dict, str]:
     ("gradop", "GRAPH mode, watched through"),
     ("functional", "GRAPH mode, watched through"),
     ("cell", "GRAPH mode, watched through"),
-    ("jit_fn", "not watched: "),
+    ("jit_fn", "PyNative+jit mode, watched through the kernel dump"),
     ("jit_cell", "PyNative+jit mode, watched through hooks"),
 ])
 def test_compiled_code_runs_as_unprobed_and_says_how_it_is_watched(tmp_path, style, says):

@@ -178,3 +178,20 @@ def test_tensor_task_keeps_kernel_files_in_msprobes_static_graph_layout_for_coll
     assert sorted(p.name for p in got) == sorted(p.name for p in keep.iterdir())
     assert dump_files(dump_path, "rank3", "3") == [] and dump_files(dump_path, "rank1", None) == []
     reader.close()
+
+
+@pytest.mark.parametrize("ops", [[0, 1, 2, 3], [3, 2, 1, 0], [1, 3, 0, 2]])
+def test_gradient_allreduce_kernels_are_named_by_shape(ops):
+    from rankscope.probe.kernel_reader import match_by_shape
+    params = [("w1", (4, 3)), ("b1", (4,)), ("w2", (2, 4)), ("b2", (2,))]
+    kernels = [(op, params[i][1]) for i, op in enumerate(ops)]
+    assert match_by_shape(kernels, params) == ["w1", "b1", "w2", "b2"]
+
+
+def test_same_shaped_gradients_follow_the_direction_of_the_unique_ones():
+    from rankscope.probe.kernel_reader import match_by_shape
+    params = [("w1", (8, 8)), ("b1", (8,)), ("w2", (8, 8)), ("b2", (8,)), ("head", (1, 8))]
+    # numbered last gradient first, as MindSpore does for a reducer's HyperMap
+    kernels = [(4 - i, s) for i, (_, s) in enumerate(params)]
+    assert match_by_shape(kernels, params) == ["w1", "b1", "w2", "b2", "head"]
+    assert match_by_shape(kernels[:-1], params) is None
