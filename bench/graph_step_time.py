@@ -9,9 +9,11 @@ median step times vs plain; the kernel modes also print the most kernel-dump byt
 iterations ever on disk at once.
 
 Modes: plain (no rankscope), sentinels (parameters + loss, cluster.graph_kernels off),
-kernels (the default kernel set: AllReduce + MatMul), all (every kernel).
+kernels (the default kernel set: AllReduce + MatMul), all (every kernel), and the floor
+under the last two: ms_kernels / ms_all, MindSpore's own tensor dump of the same kernels
+with no rankscope at all (CPU builds can only dump tensors, each written to disk).
 
-    .venv/bin/python bench/graph_step_time.py [--steps 40] [--rounds 3] [--modes plain,sentinels,kernels,all]
+    .venv/bin/python bench/graph_step_time.py [--steps 40] [--rounds 3] [--modes plain,sentinels,kernels,ms_kernels,all,ms_all]
 """
 from __future__ import annotations
 
@@ -27,6 +29,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 KERNELS = {"sentinels": "off", "kernels": "default", "all": "all"}
+#: MindSpore's own kernel dump with no rankscope at all (the floor under the kernel modes).
+MS_DUMP = {"ms_kernels": (1, ["AllReduce", "MatMul"]), "ms_all": (0, [])}
 
 JOB = r"""
 import json, os, sys, time
@@ -85,16 +89,28 @@ print("RESULT " + json.dumps(out), flush=True)
 def run(mode: str, steps: int, root: Path) -> dict:
     env = dict(os.environ, GLOG_v="3")
     env.pop("MINDSPORE_DUMP_CONFIG", None)
-    if mode != "plain":
+    if mode in MS_DUMP:
+        dump_mode, kernels = MS_DUMP[mode]
+        cfg = root / f"{mode}.json"
+        cfg.write_text(json.dumps({"common_dump_settings": {
+            "op_debug_mode": 0, "dump_mode": dump_mode, "path": str(root / mode), "net_name": "Net",
+            "iteration": "all", "saved_data": "tensor", "input_output": 0, "kernels": kernels,
+            "support_device": [0]}, "e2e_dump_settings": {"enable": True, "trans_flag": True}}))
+        env["MINDSPORE_DUMP_CONFIG"] = str(cfg)
+    elif mode != "plain":
         cfg = root / f"{mode}.json"
         cfg.write_text(json.dumps({"level": "L0", "task": "statistics",
                                    "cluster": {"graph_kernels": KERNELS[mode]}}))
         env.update(RANKSCOPE_ATTACH="1", RANKSCOPE_CONFIG=str(cfg), RANKSCOPE_DUMP_PATH=str(root / mode),
                    PYTHONPATH=os.pathsep.join([str(REPO / "agent" / "_attach"), str(REPO)]))
         env.pop("RANKSCOPE_AGENT", None)
-    proc = subprocess.run([sys.executable, "-c", JOB, str(steps)], env=env, capture_output=True, text=True,
+    job = root / "graph_job.py"  # MindSpore compiles from source files, not from -c
+    job.write_text(JOB)
+    proc = subprocess.run([sys.executable, str(job), str(steps)], env=env, capture_output=True, text=True,
                           timeout=600, cwd=root)
     line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
+    if mode in MS_DUMP:
+        shutil.rmtree(root / mode, ignore_errors=True)  # MindSpore never deletes its dump
     if proc.returncode != 0 or line is None:
         raise SystemExit(f"{mode} run failed (exit {proc.returncode}):\n{proc.stderr[-2000:]}")
     return json.loads(line[7:])
@@ -110,8 +126,8 @@ def main(argv: list[str] | None = None) -> int:
     if "plain" not in modes:
         modes.insert(0, "plain")
     for m in modes:
-        if m != "plain" and m not in KERNELS:
-            ap.error(f"--modes: unknown mode {m!r}; choose from plain, {', '.join(KERNELS)}")
+        if m != "plain" and m not in KERNELS and m not in MS_DUMP:
+            ap.error(f"--modes: unknown mode {m!r}; choose from plain, {', '.join([*KERNELS, *MS_DUMP])}")
     times: dict[str, list[float]] = {m: [] for m in modes}
     disk: dict[str, dict] = {}
     root = Path(tempfile.mkdtemp(prefix="rankscope-graph-bench-"))

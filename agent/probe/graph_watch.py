@@ -123,7 +123,9 @@ class GraphWatch:
         for opt in optimizers:
             s.optimizers.add(opt)
             s.stepping.add(opt)
-        s.snapshot()  # the values this step starts from, read between compiled steps
+        # The values this step starts from, read between compiled steps. Parameters only:
+        # optimizer state doubles the reads, and a replica's drift shows in its weights.
+        s.snapshot(state=False)
 
     def _after(self, cell: Any, output: Any) -> None:
         self._graph_in_step = True

@@ -93,13 +93,15 @@ class Sentinels:
         self._snapshot_taken = False
         self.rec.param_cache.clear()
 
-    def snapshot(self, only: Any = None) -> None:
+    def snapshot(self, only: Any = None, state: bool = True) -> None:
         """PARAM + OPT_STATE rows (CRC-32 + stats) as the step starts.
 
         Taken at the first of: ``start()``, the root model's forward, the optimizer call
         (fallback). Reading a tensor drains MindSpore's queue; at step start the queue is
         (nearly) empty because loops read the loss at step end, whereas at the optimizer
         call it holds the whole backward. Parameter stats are kept for L0 to reuse.
+        ``state=False``: parameters only, CRC-32 computed at once (compiled steps: the
+        helper thread's copy and hand-off cost more than the checksum of a weight).
         """
         if not self.enabled or not self.record or (self._snapshot_taken and only is None):
             return
@@ -108,14 +110,15 @@ class Sentinels:
         if only is None:
             self._snapshot_taken = True
         r = self.rec
+        state_rows = state
         r.resolve()  # keep record order: everything queued goes first
         for opt in [only] if only is not None else list(self.stepping):
             params, state = self._layout_of(opt)
             for name, p in params:
-                st = _stats_crc_later(p)
+                st = _stats_crc_later(p) if state_rows else _stats_crc_now(p)
                 r.param_cache[id(p)] = st
                 r.row_known(f"Sentinel.param.{name}", Kind.PARAM, st)
-            for name, p in state:
+            for name, p in state if state_rows else ():
                 r.row_known(f"Sentinel.opt_state.{name}", Kind.OPT_STATE, _stats_crc_later(p))
 
     def _layout_of(self, opt: Any) -> tuple[list[tuple[str, Any]], list[tuple[str, Any]]]:
@@ -239,6 +242,12 @@ def _stats_crc_later(p: Any) -> Any:
     st = array_stats(arr, dtype_name)
     st.crc = crc32_later(arr)
     return st
+
+
+def _stats_crc_now(p: Any) -> Any:
+    from rankscope.probe.stats import array_stats, to_numpy
+    arr, dtype_name = to_numpy(p)
+    return array_stats(arr, dtype_name, crc=True)
 
 
 def _current() -> Sentinels | None:
