@@ -88,6 +88,8 @@ class GraphWatch:
     # ------------------------------------------------------------------ events
     def _on_compile(self, kind: str, obj: Any) -> None:
         graph = graph_mode()
+        if kind == "jit" and _mindsporeish(obj):
+            return  # MindSpore's own jit functions (an eager optimizer's kernels): not the user's code
         if kind == "jit" and not graph:
             self.report.jit_compiles += 1
         if not self._kernels_tried and (graph or kind == "jit"):
@@ -194,3 +196,9 @@ def _grad_names(cell: Any, optimizers: list) -> list[tuple[str, tuple]]:
         if names:
             return [(n, shapes.get(n, ())) for n in names]
     return [(p.name, tuple(p.shape)) for p in getattr(optimizers[0], "parameters", ())] if optimizers else []
+
+
+def _mindsporeish(executor: Any) -> bool:
+    fn = getattr(executor, "fn", None)
+    fn = getattr(fn, "__func__", fn)
+    return str(getattr(fn, "__module__", "")).startswith("mindspore.")
