@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
+import numpy as np
+
 _FILE = re.compile(r"^(?P<type>[^.]+)\.(?P<op>.+)\.(?P<task>\d+)\.(?P<stream>\d+)\.(?P<ts>\d+)\."
                    r"(?P<io>input|output)\.(?P<slot>\d+)\.(?P<fmt>[^.]+)\.(?P<dtype>[^.]+)\.npy$")
 
@@ -143,3 +145,35 @@ def _csv_row(row: dict) -> CsvStats:
     if tensor.io not in ("input", "output"):
         raise ValueError(f"IO {row['IO']!r}")
     return CsvStats(tensor, shape, mx, mn, _num(row, "Avg Value"), _num(row, "L2Norm Value"), nan, inf, numel)
+
+
+_DESCR = re.compile(r"'descr':\s*'([^']+)'")
+_SHAPE = re.compile(r"'shape':\s*\(([^)]*)\)")
+
+
+def load_npy(path: str) -> np.ndarray:
+    """An .npy file as NumPy writes it (format 1.x/2.x, no objects). ``np.load`` parses
+    every header with ``ast``, which costs more than reading a small kernel tensor;
+    anything unusual falls back to it."""
+    with open(path, "rb") as fh:
+        head = fh.read(12)
+        if head[:6] != b"\x93NUMPY" or head[6] not in (1, 2):
+            return np.load(path, allow_pickle=False)
+        if head[6] == 1:
+            hlen, start = int.from_bytes(head[8:10], "little"), 10
+        else:
+            hlen, start = int.from_bytes(head[8:12], "little"), 12
+        fh.seek(start)
+        header = fh.read(hlen).decode("latin1")
+        descr, shape = _DESCR.search(header), _SHAPE.search(header)
+        if descr is None or shape is None or "'fortran_order': False" not in header:
+            return np.load(path, allow_pickle=False)
+        dims = tuple(int(d) for d in shape.group(1).split(",") if d.strip())
+        dtype = np.dtype(descr.group(1))
+        if dtype.hasobject:
+            return np.load(path, allow_pickle=False)
+        count = math.prod(dims) if dims else 1
+        arr = np.fromfile(fh, dtype=dtype, count=count)
+        if arr.size != count:
+            raise ValueError(f"{path}: {arr.size} of {count} values")
+        return arr.reshape(dims)

@@ -31,6 +31,7 @@ from rankscope.probe.kernel_files import (
     KernelTensor,
     execution_order,
     iteration_dirs,
+    load_npy,
     parse_name,
     read_statistic_csv,
 )
@@ -129,7 +130,7 @@ class KernelReader:
                 t = parse_name(entry.name, Path(entry.path))
                 if t is None:
                     continue
-                arr = np.load(entry.path, allow_pickle=False)
+                arr = load_npy(entry.path)
                 c.files += 1
                 c.bytes_read += entry.stat().st_size
                 crc = _is_reduced(t)

@@ -195,3 +195,15 @@ def test_same_shaped_gradients_follow_the_direction_of_the_unique_ones():
     kernels = [(4 - i, s) for i, (_, s) in enumerate(params)]
     assert match_by_shape(kernels, params) == ["w1", "b1", "w2", "b2", "head"]
     assert match_by_shape(kernels[:-1], params) is None
+
+
+@pytest.mark.parametrize("arr", [np.arange(12, dtype=np.float32).reshape(3, 4), np.float32(2.5),
+                                 np.array([True, False]), np.zeros((0, 3), np.int64),
+                                 np.asfortranarray(np.arange(6, dtype=np.float64).reshape(2, 3))])
+def test_kernel_tensors_load_exactly_as_numpy_writes_them(tmp_path, arr):
+    from rankscope.probe.kernel_files import load_npy
+    path = tmp_path / "t.npy"
+    np.save(path, arr)
+    got = load_npy(str(path))
+    assert got.dtype == np.asarray(arr).dtype and got.shape == np.asarray(arr).shape
+    assert np.array_equal(got, arr)
