@@ -155,7 +155,8 @@ class GraphWatch:
         if self._stamp is None:
             import time
             self._stamp = time.strftime("%Y%m%d%H%M%S")
-        return Path(cfg.dump_path).absolute() / graph_step_dir(dbg._label, self._stamp, dbg.current_step)  # noqa: SLF001
+        label = dbg._label  # noqa: SLF001
+        return Path(cfg.dump_path).absolute() / graph_step_dir(label, self._stamp, dbg.current_step)
 
     def _settle(self) -> None:
         cell, self._owed = self._owed, None
