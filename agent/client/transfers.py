@@ -12,7 +12,14 @@ import queue
 from pathlib import Path
 from typing import Callable, Iterable
 
-from rankscope.wire.layout import bundle_root_of, rank_from_wire, safe_id, step_of_dir
+from rankscope.wire.layout import (
+    bundle_root_of,
+    graph_rank_dir,
+    graph_step_of_dir,
+    rank_from_wire,
+    safe_id,
+    step_of_dir,
+)
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +77,11 @@ def dump_files(dump_path: Path, label: str, steps: str | None) -> list[Path]:
         step = step_of_dir(d.name)
         if step is not None and step_selected(step, steps) and (d / label).is_dir():
             files += sorted(f for f in (d / label).rglob("*") if f.is_file() and not f.name.startswith("."))
+    graph = dump_path / graph_rank_dir(label)  # compiled steps' kernels: rank_{ID}/{ts}/step_{N}/
+    for d in sorted(graph.glob("*/step_*")) if graph.is_dir() else ():
+        step = graph_step_of_dir(d.name)
+        if step is not None and step_selected(step, steps):
+            files += sorted(f for f in d.rglob("*") if f.is_file() and not f.name.startswith("."))
     return files
 
 

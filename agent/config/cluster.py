@@ -76,6 +76,9 @@ class ClusterSettings:
     teardown_window_s: float = 10.0
     detectors: DetectorSettings = field(default_factory=DetectorSettings)
     watchpoints: tuple[WatchpointRule, ...] = ()
+    #: Compiled code (GRAPH mode, @ms.jit) is watched through MindSpore's kernel dump:
+    #: "default" (the gradient AllReduce and MatMul), "all", "off", or a list of op types.
+    graph_kernels: str | tuple[str, ...] = "default"
     #: The section as written (validated): what a process hands on to another.
     section: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
@@ -119,6 +122,8 @@ def parse_cluster(section: Mapping[str, Any] | None) -> ClusterSettings:
             if val is not None and (not is_int(val) or val < 0):
                 raise ConfigError(fld, val, "expected an integer >= 0 or null")
             kw[key] = val
+        elif key == "graph_kernels":
+            kw[key] = _parse_graph_kernels(val)
         elif key == "detectors":
             if val is not None:
                 kw[key] = parse_detectors(val)
@@ -126,6 +131,16 @@ def parse_cluster(section: Mapping[str, Any] | None) -> ClusterSettings:
             if val is not None:
                 kw[key] = parse_watchpoints(val, fld)
     return ClusterSettings(section=sec, **kw)
+
+
+def _parse_graph_kernels(val: Any) -> str | tuple[str, ...]:
+    if isinstance(val, str):
+        return choice("cluster.graph_kernels", val, ("default", "all", "off"))
+    if not isinstance(val, (list, tuple)) or not val or \
+            not all(isinstance(k, str) and k and "/" not in k for k in val):
+        raise ConfigError("cluster.graph_kernels", val,
+                          "expected 'default', 'all', 'off' or a non-empty list of op types like ['AllReduce']")
+    return tuple(val)
 
 
 def _parse_groups(val: Any) -> Groups:

@@ -24,7 +24,7 @@ import sys
 import threading
 from typing import Any
 
-from rankscope.probe import handover
+from rankscope.probe import compile_guard, handover
 
 _lock = threading.Lock()
 _session: "AutoSession | None" = None
@@ -75,6 +75,7 @@ def yield_to_user(user_debugger: Any) -> tuple[Any, int | None, str] | None:
         return None
     dbg = s.debugger
     client = dbg.client
+    dbg.graph.report.silent = True
     if client is not None and client in dbg.sinks:
         dbg.sinks.remove(client)  # the user's debugger owns it now; close() must not close it
     s.close()
@@ -148,6 +149,7 @@ class AutoSession:
         dbg = self.debugger
         dbg.sentinels.on_grad_fn = self._on_grad_fn
         dbg.sentinels.on_optimizer_done = self._on_optimizer_done
+        dbg.graph.on_step = self._graph_step_done
         # The debugger attached its sentinel patches (value_and_grad, Optimizer/Reducer
         # constructors) already, so the objects the script creates next are seen.
         self._patch_model()
@@ -170,6 +172,16 @@ class AutoSession:
             return  # the callback / the TrainOneStepCell's own end marks the step
         dbg = self.debugger
         if not dbg._identified:  # noqa: SLF001 - no model found yet: sentinels still need a rank
+            dbg.start()
+        dbg.step()
+
+    def _graph_step_done(self, cell: Any) -> None:
+        """A compiled training step returned (GRAPH mode): it is the step, unless
+        Model.train's callback ends steps."""
+        if self.model_train:
+            return
+        dbg = self.debugger
+        if not dbg._identified:  # noqa: SLF001 - no model found: sentinels still need a rank
             dbg.start()
         dbg.step()
 
@@ -218,7 +230,7 @@ class AutoSession:
             orig_init(cell, network, optimizer, *args, **kwargs)
             try:
                 session.train_cells += 1
-                cell.register_forward_hook(session._train_cell_done)
+                compile_guard.register(cell, session._train_cell_done)
                 session.use_model(_unwrap_network(network))
             except Exception as exc:  # noqa: BLE001
                 session.debugger.recorder.error("auto-attach TrainOneStepCell", exc)

@@ -17,11 +17,13 @@ from rankscope.config.msprobe import load_config
 from rankscope.dump.folder_claim import claim_rank_label, release_rank_label
 from rankscope.dump.writer import DumpWriter
 from rankscope.probe.gate import RankscopeTerminated, StepGate
+from rankscope.probe.graph_watch import GraphWatch, graph_mode
 from rankscope.probe.handover import take_over
 from rankscope.probe.hooks.api import ApiHooks
 from rankscope.probe.hooks.cell import CellHooks
 from rankscope.probe.hooks.recorder import Recorder
 from rankscope.probe.identity import resolve_rank
+from rankscope.probe.rank_env import device_side, env_int, make_flight_recorder, world_size
 from rankscope.probe.sentinels import Sentinels
 from rankscope.probe.sync_tracker import SyncTracker
 from rankscope.probe.token_range import TokenCounter, TokenRangeHooks, check_token_range
@@ -58,10 +60,10 @@ class PrecisionDebugger:
         self.sync = SyncTracker()
         self.sentinels.sync = self.sync
         self.recorder.params_now = lambda: not any(True for _ in self.sentinels.optimizers)
-        self.recorder.device_side = _device_side()
+        self.recorder.device_side = device_side()
         self.recorder.on_step_start = self.sentinels.snapshot
         self.sinks: list[Any] = [self.writer]
-        self.flight_recorder = _make_flight_recorder(cfg.cluster.flight_recorder_steps)
+        self.flight_recorder = make_flight_recorder(cfg.cluster.flight_recorder_steps)
         if self.flight_recorder is not None:
             self.sinks.append(self.flight_recorder)
         self.client: Any = None
@@ -88,6 +90,8 @@ class PrecisionDebugger:
         # sentinels off: the optimizer hook is where queued parameter reads happen.
         self.sentinels.record = cfg.cluster.sentinels
         self._guard("attaching sentinels", self.sentinels.attach)
+        self.graph = GraphWatch(self)
+        self._guard("watching compiled steps", self.graph.attach)
         PrecisionDebugger.current = self
 
     # ------------------------------------------------------------------ API
@@ -111,9 +115,10 @@ class PrecisionDebugger:
                 self._token_hooks = TokenRangeHooks(root, self._token)
             else:  # msProbe counts tokens from 0 again at every start()
                 self._token.reset(tr[0], tr[1])
-        if model is not None and cfg.level in ("L0", "mix"):
+        # GRAPH mode never runs a Cell's hooks in Python: its kernels are watched instead.
+        if model is not None and cfg.level in ("L0", "mix") and not graph_mode():
             self._guard("attaching cell hooks", lambda: self.cells.attach(model))
-        if cfg.level in ("L1", "mix") and not self.apis.active:
+        if cfg.level in ("L1", "mix") and not self.apis.active and not graph_mode():  # wrappers would be compiled
             self._guard("wrapping APIs", lambda: self.apis.attach(primitives=model is not None))
         self._started = True
         self._update_dumping()
@@ -127,6 +132,7 @@ class PrecisionDebugger:
     def step(self) -> None:
         """End the step: emit its records to every sink, advance, then honour the StepGate."""
         done = self.current_step
+        self._guard("kernel rows", self.graph.collect)
         self._flush(done)
         self.current_step += 1
         self.recorder.step = self.current_step
@@ -135,6 +141,7 @@ class PrecisionDebugger:
         self.apis.new_step()
         self.sentinels.new_step()
         self.sync.new_step(self.current_step)
+        self._guard("watch report", self.graph.step_ended)
         self._update_dumping()
         self.gate.at_step_boundary(done)
 
@@ -195,6 +202,7 @@ class PrecisionDebugger:
         self.cells.detach()
         self.apis.detach()
         self.sentinels.detach()
+        self._guard("closing the graph watch", self.graph.close)
         if self._token_hooks is not None:
             self._token_hooks.remove()
         for sink in self.sinks:
@@ -304,9 +312,9 @@ class PrecisionDebugger:
         from rankscope.probe import stack_signal
         client = AgentClient(endpoint, self.job, self.gate, on_export=self._on_export, sync=self.sync)
         claim = RankClaim(host=socket.gethostname(), pid=os.getpid(), claimed_rank=self.rank,
-                          world_size=_env_int("RANK_SIZE") or _env_int("WORLD_SIZE") or _world_size(),
-                          dp_index=self.config.cluster.dp_index, device_id=_env_int("DEVICE_ID"),
-                          local_rank=_env_int("LOCAL_RANK"), label=self._label,
+                          world_size=env_int("RANK_SIZE") or env_int("WORLD_SIZE") or world_size(),
+                          dp_index=self.config.cluster.dp_index, device_id=env_int("DEVICE_ID"),
+                          local_rank=env_int("LOCAL_RANK"), label=self._label,
                           stacks_file=stack_signal.install(self.job) or "")
         # 5 s, not 2: on a loaded node the agent's answer can take seconds, and a late
         # answer is still picked up at the next step end (see _flush).
@@ -357,42 +365,3 @@ class PrecisionDebugger:
             except Exception as exc:  # noqa: BLE001
                 self.emit_errors += 1
                 r.error(f"sink {type(sink).__name__}", exc)
-
-
-def _make_flight_recorder(k: int) -> Any:
-    try:
-        from rankscope.rdr.flight_recorder import FlightRecorder
-    except ImportError:
-        return None
-    try:
-        return FlightRecorder(k)
-    except Exception:  # noqa: BLE001
-        return None
-
-
-def _device_side() -> bool:
-    """Device-side stats on accelerators (RANKSCOPE_DEVICE_STATS=1/0 forces it)."""
-    forced = os.environ.get("RANKSCOPE_DEVICE_STATS")
-    if forced in ("0", "1"):
-        return forced == "1"
-    try:
-        import mindspore as ms
-        return ms.get_context("device_target") not in ("CPU", None)
-    except Exception:  # noqa: BLE001
-        return False
-
-
-def _env_int(name: str) -> int | None:
-    try:
-        return int(os.environ[name])
-    except (KeyError, ValueError):
-        return None
-
-
-def _world_size() -> int | None:
-    try:
-        from mindspore.communication import get_group_size
-        from mindspore.communication._comm_helper import GlobalComm
-        return int(get_group_size()) if GlobalComm.INITED else None
-    except Exception:  # noqa: BLE001
-        return None

@@ -23,6 +23,7 @@ import gc
 import weakref
 from typing import Any, Callable
 
+from rankscope.probe import compile_guard
 from rankscope.probe.hooks.recorder import Recorder
 from rankscope.probe.sync_tracker import SyncTracker
 from rankscope.wire.records import Kind
@@ -92,13 +93,15 @@ class Sentinels:
         self._snapshot_taken = False
         self.rec.param_cache.clear()
 
-    def snapshot(self, only: Any = None) -> None:
+    def snapshot(self, only: Any = None, state: bool = True) -> None:
         """PARAM + OPT_STATE rows (CRC-32 + stats) as the step starts.
 
         Taken at the first of: ``start()``, the root model's forward, the optimizer call
         (fallback). Reading a tensor drains MindSpore's queue; at step start the queue is
         (nearly) empty because loops read the loss at step end, whereas at the optimizer
         call it holds the whole backward. Parameter stats are kept for L0 to reuse.
+        ``state=False``: parameters only, CRC-32 computed at once (compiled steps: the
+        helper thread's copy and hand-off cost more than the checksum of a weight).
         """
         if not self.enabled or not self.record or (self._snapshot_taken and only is None):
             return
@@ -107,14 +110,15 @@ class Sentinels:
         if only is None:
             self._snapshot_taken = True
         r = self.rec
+        state_rows = state
         r.resolve()  # keep record order: everything queued goes first
         for opt in [only] if only is not None else list(self.stepping):
             params, state = self._layout_of(opt)
             for name, p in params:
-                st = _stats_crc_later(p)
+                st = _stats_crc_later(p) if state_rows else _stats_crc_now(p)
                 r.param_cache[id(p)] = st
                 r.row_known(f"Sentinel.param.{name}", Kind.PARAM, st)
-            for name, p in state:
+            for name, p in state if state_rows else ():
                 r.row_known(f"Sentinel.opt_state.{name}", Kind.OPT_STATE, _stats_crc_later(p))
 
     def _layout_of(self, opt: Any) -> tuple[list[tuple[str, Any]], list[tuple[str, Any]]]:
@@ -136,15 +140,15 @@ class Sentinels:
             return
         self._hooked.add(opt)
         self.optimizers.add(opt)
-        self._handles.append(opt.register_forward_pre_hook(self._optimizer_pre_hook))
-        self._handles.append(opt.register_forward_hook(self._optimizer_post_hook))
+        self._handles.append(compile_guard.register(opt, self._optimizer_pre_hook, pre=True))
+        self._handles.append(compile_guard.register(opt, self._optimizer_post_hook))
 
     def _hook_reducer(self, reducer: Any) -> None:
         if reducer in self._hooked:
             return
         self._hooked.add(reducer)
-        self._handles.append(reducer.register_forward_pre_hook(self._reducer_pre_hook))
-        self._handles.append(reducer.register_forward_hook(self._reducer_hook))
+        self._handles.append(compile_guard.register(reducer, self._reducer_pre_hook, pre=True))
+        self._handles.append(compile_guard.register(reducer, self._reducer_hook))
 
     def record_loss(self, loss: Any) -> None:
         """For callers that see the loss directly (the Model.train callback)."""
@@ -240,6 +244,12 @@ def _stats_crc_later(p: Any) -> Any:
     return st
 
 
+def _stats_crc_now(p: Any) -> Any:
+    from rankscope.probe.stats import array_stats, to_numpy
+    arr, dtype_name = to_numpy(p)
+    return array_stats(arr, dtype_name, crc=True)
+
+
 def _current() -> Sentinels | None:
     return _active[-1] if _active else None
 
@@ -314,9 +324,20 @@ def _wrap_value_and_grad(orig: Callable, with_loss: bool = True) -> Callable:
                 except Exception as exc:  # noqa: BLE001
                     cur.rec.error("loss sentinel", exc)
             return out
+        def graph_form(*args, **kwargs):  # noqa: ANN002 - what a compile of grad_fn sees
+            return inner(*args, **kwargs)
+
         grad_fn.__wrapped__ = inner  # type: ignore[attr-defined]
+        compile_guard.passthrough(grad_fn, graph_form)
         return grad_fn
 
+    def graph_form(fn, grad_position=0, weights=None, has_aux=False, return_ids=False,
+                   sens_param=False):  # noqa: ANN001 - what a compile of value_and_grad sees
+        if with_loss:
+            return orig(fn, grad_position, weights, has_aux, return_ids, sens_param)
+        return orig(fn, grad_position, weights, has_aux, return_ids, sens_param)
+
+    compile_guard.passthrough(value_and_grad, graph_form)
     value_and_grad._rankscope = True  # type: ignore[attr-defined]
     value_and_grad.__wrapped__ = orig  # type: ignore[attr-defined]
     value_and_grad.__doc__ = orig.__doc__

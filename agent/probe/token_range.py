@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from rankscope.probe import compile_guard
+
 
 def check_token_range(token_range: Any) -> tuple[int, int] | None:
     """Validate msProbe's rules; a clear error naming the value."""
@@ -66,9 +68,9 @@ class TokenRangeHooks:
     def __init__(self, root: Any, counter: TokenCounter) -> None:
         self.counter = counter
         self._handles = [
-            root.register_forward_pre_hook(lambda cell, args: self._guard(counter.enter)),
+            compile_guard.register(root, lambda cell, args: self._guard(counter.enter), pre=True),
             # always_call: an exception inside forward must still unwind the depth
-            root.register_forward_hook(lambda cell, args, out: self._guard(counter.exit), always_call=True),
+            compile_guard.register(root, lambda cell, args, out: self._guard(counter.exit), always_call=True),
         ]
         self.errors = 0
 

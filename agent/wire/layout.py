@@ -5,6 +5,8 @@
   :func:`rank_from_wire`, so "unknown" never turns into rank 0.
 - msProbe's dump layout: ``dump_path/step{N}/rank{ID}/`` (``proc{pid}`` while the rank
   is unknown), read by msProbe's own tools.
+- msProbe's static-graph L2 layout (kernel tensors of compiled steps):
+  ``dump_path/rank_{ID}/{timestamp}/step_{N}/`` (``proc{pid}`` while the rank is unknown).
 - Bundles: ``<root>/rank_<id>/rdr/`` (RDR's layout, seeds/000); an incident holds one per
   rank: ``EXPORT_DIR/incidents/<incident_id>/rank_<id>/``.
 - Transfer ids and job folders: only ``[A-Za-z0-9_.-]``.
@@ -20,6 +22,7 @@ NO_RANK = -1
 
 INCIDENTS_DIR = "incidents"
 _STEP_DIR = re.compile(r"^step(\d+)$")
+_GRAPH_STEP_DIR = re.compile(r"^step_(\d+)$")
 _BUNDLE_DIR = re.compile(r"^rank_(\d+)$")
 _SAFE_LABEL = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,63}")
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.\-]")
@@ -47,6 +50,21 @@ def step_dir_name(step: int) -> str:
 
 def step_of_dir(name: str) -> int | None:
     m = _STEP_DIR.match(name)
+    return int(m.group(1)) if m else None
+
+
+def graph_rank_dir(label: str) -> str:
+    """The static-graph L2 rank folder for a dump label: ``rank3`` -> ``rank_3``."""
+    return f"rank_{label[4:]}" if label.startswith("rank") and label[4:].isdigit() else label
+
+
+def graph_step_dir(label: str, timestamp: str, step: int) -> str:
+    """``rank_{ID}/{timestamp}/step_{N}`` relative to dump_path."""
+    return f"{graph_rank_dir(label)}/{timestamp}/step_{step}"
+
+
+def graph_step_of_dir(name: str) -> int | None:
+    m = _GRAPH_STEP_DIR.match(name)
     return int(m.group(1)) if m else None
 
 

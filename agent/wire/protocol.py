@@ -96,6 +96,11 @@ SCHEMAS: dict[str, _Schema] = {
     STATUS: {"what": ((str,), True), "detail": ((dict,), False)},
 }
 
+#: STATUS ``watch``: how a rank is watched, said once per rank (probe.watch).
+WATCH_DETAIL: _Schema = {"rank": ((int, type(None)), True), "mode": ((str,), True),
+                         "how": ((str,), True), "reason": ((str,), True)}
+WATCH_TEXT_MAX = 300
+
 _STEP_COLS: dict[str, tuple[str, int]] = {
     # column -> (required dtype, ndim)
     "name_ids": ("<u4", 1), "kinds": ("|u1", 1), "exec_index": ("<u4", 1),
@@ -238,6 +243,8 @@ class Decoder:
             _check_step(body)
         elif mtype == CONTROL and body["command"] not in CONTROL_COMMANDS:
             raise ProtocolError("bad_field", f"control.command {body['command']!r}")
+        elif mtype == STATUS and body["what"] == "watch":
+            _check_watch(body.get("detail"))
         elif mtype in (HEARTBEAT, RANK_LOST) and body.get("sync") is not None \
                 and SyncPoint.from_wire(body["sync"]) is None:
             raise ProtocolError("bad_field", f"{mtype}.sync is not a sync point")
@@ -249,7 +256,10 @@ def _refuse_ext(code: int, data: bytes) -> Any:
 
 
 def _check_body(mtype: str, body: dict) -> None:
-    schema = SCHEMAS[mtype]
+    _check_body_against(mtype, SCHEMAS[mtype], body)
+
+
+def _check_body_against(mtype: str, schema: _Schema, body: dict) -> None:
     for key in body:
         if key not in schema:
             raise ProtocolError("bad_field", f"{mtype}.{key!s:.40} is not a known field")
@@ -264,6 +274,15 @@ def _check_body(mtype: str, body: dict) -> None:
             raise ProtocolError("bad_field", f"{mtype}.{key} is a bool")
         if not isinstance(val, types):
             raise ProtocolError("bad_field", f"{mtype}.{key} is {type(val).__name__}")
+
+
+def _check_watch(detail: Any) -> None:
+    if not isinstance(detail, dict):
+        raise ProtocolError("bad_field", "status.watch needs a detail map")
+    _check_body_against("status.watch", WATCH_DETAIL, detail)
+    for key in ("mode", "how", "reason"):
+        if len(detail[key]) > WATCH_TEXT_MAX:
+            raise ProtocolError("bad_field", f"status.watch.{key} is longer than {WATCH_TEXT_MAX}")
 
 
 def _check_step(body: dict) -> None:

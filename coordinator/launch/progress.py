@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from rankscope.coordinator.launch.watched import attached_ranks
+from rankscope.wire.watch_line import watch_line
 
 
 class ProgressPrinter:
@@ -18,6 +19,9 @@ class ProgressPrinter:
         self._ranks = -1
         self._judged = -1
         self._incidents: set[str] = set()
+        self._watch_said: set[str] = set()
+        #: Each rank's newest watch status, for the end-of-run lines.
+        self.watch: dict[str, dict] = {}
 
     def update(self, status: dict[str, Any]) -> None:
         ranks = status.get("ranks") or {}
@@ -26,6 +30,13 @@ class ProgressPrinter:
             self._ranks = len(attached)
             ids = ", ".join(map(str, attached))
             self.say(f"{self._ranks} rank(s) attached: {ids}" if attached else "waiting for ranks to attach")
+        for r, info in sorted(ranks.items(), key=lambda kv: int(kv[0])):
+            w = info.get("watch")
+            if isinstance(w, dict):
+                self.watch[r] = w
+                if r not in self._watch_said:
+                    self._watch_said.add(r)
+                    self.say(watch_text(r, w))
         judged = status.get("last_judged_step")
         if judged is not None and judged >= 0 and judged != self._judged \
                 and (judged - self._judged >= self.every_steps or self._judged < 0):
@@ -44,6 +55,18 @@ class ProgressPrinter:
 def shown(value: Any) -> str:
     """A value for a terminal: "—" where there is none, never "None"."""
     return "—" if value is None or value == "" else str(value)
+
+
+def watch_text(rank: Any, w: dict[str, Any]) -> str:
+    return watch_line(rank, str(w.get("mode", "?")), str(w.get("how", "?")), str(w.get("reason") or ""))
+
+
+def watch_summary(watch: dict[str, dict], ranks: Any = ()) -> list[str]:
+    """End-of-run lines: how each rank was watched; ranks that never said are named."""
+    lines = [watch_text(r, w) for r, w in sorted(watch.items(), key=lambda kv: int(kv[0]))]
+    silent = sorted({str(r) for r in ranks} - set(watch), key=int)
+    lines += [f"rank {r}: watch status unknown (the rank never reported one)" for r in silent]
+    return lines
 
 
 def what_of(incident: dict[str, Any]) -> str:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from rankscope.coordinator.launch.env import AttachSettings, child_env
 from rankscope.coordinator.launch.paused import PausedNotice, reach_args
-from rankscope.coordinator.launch.progress import ProgressPrinter, format_verdict
+from rankscope.coordinator.launch.progress import ProgressPrinter, format_verdict, watch_summary
 from rankscope.coordinator.launch.tree import stop_tree
 from rankscope.coordinator.launch.watched import (
     UNWATCHED_EXIT,
@@ -138,7 +138,7 @@ class Launch:
         if out is not None:
             out.close()  # the child holds its own descriptor
             self.say(f"command output -> {self.args.log}")
-        progress = ProgressPrinter(self.say)
+        progress = self.progress = ProgressPrinter(self.say)
         paused = PausedNotice(self.say, self.job, reach_args(self.address, self.job))
         killed_at: float | None = None
         while self.cmd_proc.poll() is None:
@@ -184,9 +184,11 @@ class Launch:
             line = end_of_run_line(cov, rc, found_divergence=False)
             (self.say if cov.complete else print_loud)(line)
             self.say(watched)
+            self._say_watch(status)
             self._say_unwatched(cov, allow)
             return exit_status(cov, rc, allow)
         self.say(watched)
+        self._say_watch(status)
         for inc in incidents:
             print(format_verdict(inc), flush=True)
         self.say(end_of_run_line(cov, rc, found_divergence=True))
@@ -218,6 +220,15 @@ class Launch:
             return
         print_loud(f"exit status {UNWATCHED_EXIT}: ranks ran unwatched (pass --allow-unwatched to accept "
                    "such a run)")
+
+    def _say_watch(self, status: dict | None) -> None:
+        """How each rank was watched (its mode, and what could not be seen)."""
+        progress = getattr(self, "progress", None)
+        ranks = (status or {}).get("ranks") or {}
+        watch = progress.watch if progress is not None else {}
+        watch.update({r: i["watch"] for r, i in ranks.items() if isinstance(i.get("watch"), dict)})
+        for line in watch_summary(watch, ranks.keys()):
+            self.say(line)
 
     def signal_tree(self, sig: int) -> None:
         for proc in (self.cmd_proc,):

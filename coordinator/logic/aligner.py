@@ -61,6 +61,8 @@ class RankRecord:
     sync: SyncPoint | None = None
     #: How it ended, when it was lost: exit status, signal, reason, exception, time.
     death: dict[str, Any] | None = None
+    #: How the rank said it is watched (STATUS ``watch``: mode, how, reason), once.
+    watch: dict[str, Any] | None = None
 
 
 @dataclass

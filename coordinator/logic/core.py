@@ -141,6 +141,10 @@ class CoordinatorCore:
             self.failures.death(rec.group, Death(rank, died_at, exit_status, signal, reason, exception, last_step,
                                                  sync), self.clock())
 
+    def on_watch(self, job: str, rank: int, detail: dict[str, Any]) -> None:
+        """The rank said how it is watched (validated by the wire decoder)."""
+        self.aligner.rank(job, rank).watch = {k: detail[k] for k in ("mode", "how", "reason")}
+
     def on_rank_finished(self, job: str, rank: int, last_step: int | None = None) -> None:
         rec = self.aligner.rank(job, rank)
         rec.state = RankState.FINISHED
@@ -283,6 +287,7 @@ class CoordinatorCore:
                 "state": rec.state.value, "step": rec.last_step, "group": rec.group.label,
                 "heartbeat_step": rec.heartbeat_step, "host": rec.info.get("host"), "pid": rec.info.get("pid"),
                 "seen_s_ago": None if rec.last_seen is None else round(now - rec.last_seen, 3),
+                "watch": rec.watch,
             }
         for job, j in jobs.items():
             for r in j["ranks"].values():

@@ -142,6 +142,8 @@ class IncidentBook:
                 snap.update({k: v for k, v in r.death.items() if v is not None})
             if r.sync is not None:
                 snap["sync"] = r.sync.to_wire()
+            if r.watch is not None:
+                snap["watch"] = dict(r.watch)
             out[r.rank] = snap
         return out
 

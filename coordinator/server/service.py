@@ -119,6 +119,8 @@ class CoordinatorService(Handlers):
             started = detail.get("started")
             self.core.on_heartbeat(job, rank, step, "running" if what == "resumed" else what,
                                    started=started if isinstance(started, int) and not isinstance(started, bool) else None)
+        elif isinstance(rank, int) and what == "watch":
+            self.core.on_watch(job, rank, detail)
         elif isinstance(rank, int) and what == "finished":
             self.core.on_rank_finished(job, rank, step if step >= 0 else None)
         if what.startswith("collect") and self.collector is not None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from rankscope.probe import compile_guard
 from rankscope.probe.hooks.recorder import Recorder
 from rankscope.wire.records import Kind
 
@@ -39,8 +40,8 @@ class CellHooks:
             if id(root) in self.attached:
                 continue
             self.attached.add(id(root))
-            self._handles.append(root.register_forward_pre_hook(self._root_pre))
-            self._handles.append(root.register_forward_hook(self._root_post, always_call=True))
+            self._handles.append(compile_guard.register(root, self._root_pre, pre=True))
+            self._handles.append(compile_guard.register(root, self._root_post, always_call=True))
             for path, cell in root.cells_and_names():
                 if not path:
                     continue  # the input layer itself is not dumped
@@ -68,8 +69,8 @@ class CellHooks:
         return None
 
     def _attach_cell(self, prefix: str, cell: Any) -> None:
-        self._handles.append(cell.register_forward_pre_hook(self._pre_hook(prefix)))
-        self._handles.append(cell.register_forward_hook(self._fwd_hook(prefix), with_kwargs=True))
+        self._handles.append(compile_guard.register(cell, self._pre_hook(prefix), pre=True))
+        self._handles.append(compile_guard.register(cell, self._fwd_hook(prefix), with_kwargs=True))
         for pname, param in getattr(cell, "_params", {}).items():
             if param is not None and getattr(param, "requires_grad", False):
                 self._handles.append(param.register_hook(self._pgrad_hook(prefix, pname)))
@@ -164,4 +165,9 @@ class CellHooks:
             except Exception as exc:  # noqa: BLE001
                 r.error(f"{prefix}.{pname} parameter grad hook", exc)
             return None  # never replace the gradient
+
+        def graph_form(grad):  # noqa: ANN001 - what a compile (jit) of pgrad_hook sees
+            return grad
+            print(rec, prefix, pname)  # unreachable: keeps pgrad_hook's free variables
+        compile_guard.passthrough(pgrad_hook, graph_form)
         return pgrad_hook

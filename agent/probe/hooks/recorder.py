@@ -117,6 +117,12 @@ class Recorder:
         (rankscope.probe.stats.crc32_later), joined when the row is resolved."""
         self._pending.append((name, kind, None, False, None, st))
 
+    def insert_known(self, rows: list[tuple[str, Kind, TensorStats]]) -> None:
+        """Queue rows computed elsewhere (a compiled step's kernels) where they ran:
+        after the step-start snapshot, before the step's loss."""
+        at = next((i for i, item in enumerate(self._pending) if item[1] == Kind.LOSS), len(self._pending))
+        self._pending[at:at] = [(name, kind, None, False, None, st) for name, kind, st in rows]
+
     def has_unread_params(self) -> bool:
         """Queued parameter records still to be read (before an optimizer changes them)."""
         return any(item[1] == Kind.PARAM and item[5] is None for item in self._pending)

@@ -1,0 +1,203 @@
+"""Step boundaries of compiled training steps, seen from outside the compiled code.
+
+In GRAPH mode a top-level Cell call goes through ``Cell.compile_and_run`` (Python), and
+the whole step -- forward, backward, gradient AllReduce, optimizer -- runs inside the
+compiled graph, where no Python hook may go (see compile_guard). The call itself is the
+one place a step boundary can be observed: before it the parameters hold the values
+this step starts from, after it the step's output (the loss) is known and the kernel
+dump of that iteration is complete.
+
+A compiled call is a training step when the Cell contains an ``nn.Optimizer``; other
+compiled calls (evaluation, predict) pass through untouched. Around each step the
+SyncTracker is told ``enter("graph")`` / ``leave("graph")``: a rank that dies or hangs
+inside the compiled step is then known to have been inside its collectives.
+"""
+from __future__ import annotations
+
+import weakref
+from typing import Any, Callable
+
+_patches: list[tuple[Any, str, Any]] = []
+_active: list["GraphSteps"] = []
+
+
+class GraphSteps:
+    """Feeds one debugger from compiled step calls.
+
+    ``before(cell, optimizers)`` runs just before the compiled step (parameter snapshot),
+    ``after(cell, output)`` right after it (loss, kernel-dump iteration, step end).
+    """
+
+    def __init__(self, sync: Any, before: Callable[[Any, list], None],
+                 after: Callable[[Any, Any], None], on_error: Callable[[str, Exception], None]) -> None:
+        self.sync = sync
+        self.before = before
+        self.after = after
+        self.on_error = on_error
+        self.steps = 0
+        self.enabled = True
+        self._kinds: "weakref.WeakKeyDictionary[Any, list]" = weakref.WeakKeyDictionary()
+        #: @ms.jit functions (PyNative) -> the optimizers they step ([] = not a step).
+        self._jit_kinds: "weakref.WeakKeyDictionary[Any, list]" = weakref.WeakKeyDictionary()
+        #: The optimizers the script made (the sentinels' constructor patch sees them).
+        self.known_optimizers: Callable[[], list] = lambda: []
+
+    def attach(self) -> None:
+        if self not in _active:
+            _active.append(self)
+        if not _patches:
+            _install()
+
+    def detach(self) -> None:
+        self.enabled = False
+        if self in _active:
+            _active.remove(self)
+        if not _active:
+            _restore()
+
+    def optimizers_of(self, cell: Any) -> list:
+        """The optimizers a compiled Cell runs (empty: not a training step), cached."""
+        try:
+            found = self._kinds.get(cell)
+        except TypeError:
+            return []
+        if found is None:
+            from mindspore import nn
+            found = [c for _, c in cell.cells_and_names() if isinstance(c, nn.Optimizer)]
+            self._kinds[cell] = found
+        return found
+
+    def run(self, cell: Any, orig: Callable, args: tuple, kwargs: dict) -> Any:
+        try:
+            opts = self.optimizers_of(cell) if self.enabled else []
+        except Exception as exc:  # noqa: BLE001
+            self.on_error("recognising a compiled step", exc)
+            opts = []
+        if not opts:
+            return orig(cell, *args, **kwargs)
+        try:
+            self.before(cell, opts)  # may end the previous step: a pause waits here
+        except Exception as exc:  # noqa: BLE001
+            _reraise_terminate(exc)
+            self.on_error("before a compiled step", exc)
+        self.sync.enter("graph")
+        out = orig(cell, *args, **kwargs)
+        self.sync.leave("graph")
+        self.steps += 1
+        try:
+            self.after(cell, out)
+        except Exception as exc:  # noqa: BLE001
+            _reraise_terminate(exc)
+            self.on_error("after a compiled step", exc)
+        return out
+
+
+    def run_jit(self, ex: Any, orig: Callable, args: tuple, kwargs: dict) -> Any:
+        """An @ms.jit call in PyNative: a training step when it steps an optimizer.
+
+        Whether it does is learnt on its first call, from the optimizers' step counters
+        (``global_step``, advanced by every optimizer call): one scalar read, once."""
+        fn = getattr(ex.fn, "__func__", ex.fn)
+        if str(getattr(fn, "__module__", "")).startswith("mindspore."):
+            return orig(ex, *args, **kwargs)  # MindSpore's own (an optimizer's kernels): part of a call
+        try:
+            opts = self._jit_kinds.get(fn) if self.enabled else []
+        except TypeError:
+            opts = []
+        counters = None
+        if opts is None:
+            counters = _step_counters(self.known_optimizers())
+            if not counters:
+                return orig(ex, *args, **kwargs)
+        elif not opts:
+            return orig(ex, *args, **kwargs)
+        else:
+            try:
+                self.before(None, opts)
+            except Exception as exc:  # noqa: BLE001
+                _reraise_terminate(exc)
+                self.on_error("before a jit step", exc)
+            self.sync.enter("graph")
+        out = orig(ex, *args, **kwargs)
+        if counters is not None:
+            now = _step_counters(list(counters))
+            opts = [o for o, v in counters.items() if now.get(o) != v]
+            try:
+                self._jit_kinds[fn] = opts
+            except TypeError:
+                pass
+            if not opts:
+                return out
+        else:
+            self.sync.leave("graph")
+        self.steps += 1
+        try:
+            self.after(None, out)
+        except Exception as exc:  # noqa: BLE001
+            _reraise_terminate(exc)
+            self.on_error("after a jit step", exc)
+        return out
+
+
+def _step_counters(optimizers: list) -> dict:
+    out = {}
+    for opt in optimizers:
+        gs = getattr(opt, "global_step", None)
+        if gs is not None and hasattr(gs, "asnumpy"):
+            try:
+                out[opt] = int(gs.asnumpy().reshape(-1)[0])
+            except Exception:  # noqa: BLE001
+                continue
+    return out
+
+
+def _reraise_terminate(exc: Exception) -> None:
+    from rankscope.probe.gate import RankscopeTerminated
+    if isinstance(exc, RankscopeTerminated):
+        raise exc
+
+
+def _install() -> None:
+    from mindspore import nn
+    orig = nn.Cell.compile_and_run
+
+    def compile_and_run(cell, *args, **kwargs):  # noqa: ANN001
+        cur = _active[-1] if _active else None
+        if cur is None:
+            return orig(cell, *args, **kwargs)
+        return cur.run(cell, orig, args, kwargs)
+
+    compile_and_run.__wrapped__ = orig  # type: ignore[attr-defined]
+    _patches.append((nn.Cell, "compile_and_run", orig))
+    nn.Cell.compile_and_run = compile_and_run
+
+    from mindspore.graph.api import _JitExecutor
+    orig_call = _JitExecutor.__call__
+
+    def __call__(ex, *args, **kwargs):  # noqa: ANN001, N807
+        cur = _active[-1] if _active else None
+        if cur is None or _graph_mode():
+            return orig_call(ex, *args, **kwargs)
+        return cur.run_jit(ex, orig_call, args, kwargs)
+
+    __call__.__wrapped__ = orig_call  # type: ignore[attr-defined]
+    _patches.append((_JitExecutor, "__call__", orig_call))
+    _JitExecutor.__call__ = __call__
+
+
+def _graph_mode() -> bool:
+    from mindspore import context
+    return context._get_mode() == context.GRAPH_MODE  # noqa: SLF001
+
+
+def _restore() -> None:
+    for owner, attr, orig in reversed(_patches):
+        setattr(owner, attr, orig)
+    _patches.clear()
+
+
+def loss_of(output: Any) -> Any:
+    """The loss in a training step's output: the output, or its first element."""
+    while isinstance(output, (tuple, list)) and output:
+        output = output[0]
+    return output if hasattr(output, "asnumpy") else None

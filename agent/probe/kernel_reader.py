@@ -1,0 +1,226 @@
+"""Per-step statistics from MindSpore's kernel dump, computed off the training thread.
+
+After each compiled step the finished iteration folders are handed to one helper thread
+(:meth:`KernelReader.submit`); it loads every tensor, computes rankscope's stats, and --
+when the dump is rankscope's own -- deletes the files, so at most the iterations of a
+step or two are ever on disk. :meth:`collect` (at the step's end, on the training
+thread) joins that work and returns the rows in the graph's execution order, which is
+what NaN-origin's "earliest" means in a compiled step.
+
+The gradient AllReduce of a data-parallel reducer gets the same names the PyNative
+sentinels use: its inputs are ``Sentinel.grad_local.<param>`` (a rank's own gradients,
+before the reduction could spread a fault), its outputs ``Sentinel.grad_reduced.<param>``
+(with CRC-32: identical on every replica). Every other kernel tensor keeps msProbe's L2
+name (kernel_files), as FORWARD or BACKWARD.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from rankscope.probe.kernel_config import KernelDump
+from rankscope.probe.kernel_files import (
+    CsvStats,
+    KernelTensor,
+    execution_order,
+    iteration_dirs,
+    load_npy,
+    parse_name,
+    read_statistic_csv,
+)
+from rankscope.probe.stats import TensorStats, array_stats
+from rankscope.wire.records import NO_CRC, Kind
+
+_OP_INDEX = re.compile(r"-op(\d+)$")
+
+
+@dataclass
+class KernelRow:
+    name: str
+    kind: Kind
+    stats: TensorStats
+    order: tuple
+
+
+@dataclass
+class ReaderCounters:
+    iterations: int = 0
+    files: int = 0
+    bytes_read: int = 0
+    high_water_bytes: int = 0
+    high_water_iterations: int = 0
+    errors: int = 0
+    last_error: str = ""
+    seen_kernels: set = field(default_factory=set)
+
+
+class KernelReader:
+    def __init__(self, dump: KernelDump, on_error: Callable[[str, Exception], None]) -> None:
+        self.dump = dump
+        self.on_error = on_error
+        self.counters = ReaderCounters()
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="rankscope-kernels")
+        self._done: set[Path] = set()
+        self._future: Future | None = None
+        #: Gradient parameter names in the reducer's order (set by the graph watch).
+        self.grad_names: list[tuple[str, tuple]] = []
+
+    def submit(self, keep_in: Path | None = None) -> None:
+        """Hand every iteration folder not read yet to the helper thread; ``keep_in``:
+        move the tensor files there (msProbe's static-graph L2 layout) instead of
+        deleting them."""
+        if self._future is not None:  # the previous step's: finish it first (rare: no collect)
+            self._future.result()
+        self._future = self._pool.submit(self._read_new, keep_in)
+
+    def collect(self) -> list[KernelRow]:
+        fut, self._future = self._future, None
+        if fut is None:
+            return []
+        try:
+            return fut.result()
+        except Exception as exc:  # noqa: BLE001
+            self.counters.errors += 1
+            self.on_error("reading the kernel dump", exc)
+            return []
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=False)
+
+    # ------------------------------------------------------------------ helper thread
+    def _read_new(self, keep_in: Path | None = None) -> list[KernelRow]:
+        root = self.dump.root
+        todo = [(g, it, d) for g, it, d in iteration_dirs(root) if d not in self._done]
+        c = self.counters
+        on_disk = sum(_size(d) for _, _, d in iteration_dirs(root))
+        c.high_water_bytes = max(c.high_water_bytes, on_disk)
+        c.high_water_iterations = max(c.high_water_iterations, len(todo))
+        rows: list[KernelRow] = []
+        orders: dict[int, dict[str, int]] = {}
+        for graph_id, _, it_dir in todo:
+            order = orders.get(graph_id)
+            if order is None:
+                order = orders[graph_id] = execution_order(root, graph_id)
+            rows += self._read_iteration(it_dir, graph_id, order)
+            c.iterations += 1
+            if self.dump.own and keep_in is not None:
+                _move_all(it_dir, keep_in)
+            if self.dump.own:
+                shutil.rmtree(it_dir, ignore_errors=True)
+            else:
+                self._done.add(it_dir)
+        rows.sort(key=lambda r: r.order)
+        return self._name_grads(rows)
+
+    def _read_iteration(self, it_dir: Path, graph_id: int, order: dict[str, int]) -> list[KernelRow]:
+        rows: list[KernelRow] = []
+        c = self.counters
+        for entry in os.scandir(it_dir):
+            try:
+                if entry.name == "statistic.csv":
+                    rows += [self._csv_row(s, graph_id, order) for s in read_statistic_csv(Path(entry.path))]
+                    continue
+                t = parse_name(entry.name, Path(entry.path))
+                if t is None:
+                    continue
+                arr = load_npy(entry.path)
+                c.files += 1
+                c.bytes_read += entry.stat().st_size
+                crc = _is_reduced(t)
+                st = array_stats(arr, _dtype_name(t.dtype), crc=crc)
+                rows.append(KernelRow(t.record_name, _kind(t), st, _order(t, graph_id, order)))
+                c.seen_kernels.add(t.op_type)
+            except Exception as exc:  # noqa: BLE001 - one bad file never loses the rest
+                c.errors += 1
+                c.last_error = f"{entry.name}: {exc!r}"
+        return rows
+
+    def _csv_row(self, s: CsvStats, graph_id: int, order: dict[str, int]) -> KernelRow:
+        st = TensorStats(s.tensor.dtype, list(s.shape), s.max, s.min, s.mean, s.norm, s.nan, s.inf, s.numel,
+                         NO_CRC)  # statistics files carry no checksum
+        self.counters.seen_kernels.add(s.tensor.op_type)
+        return KernelRow(s.tensor.record_name, _kind(s.tensor), st, _order(s.tensor, graph_id, order))
+
+    def _name_grads(self, rows: list[KernelRow]) -> list[KernelRow]:
+        """Reducer AllReduce rows -> Sentinel.grad_local/grad_reduced.<param>.
+
+        MindSpore numbers the reducer's AllReduce kernels in an order of its own; the
+        parameters' shapes say which kernel carries which gradient (parameters of the
+        same shape keep the direction the uniquely-shaped ones show)."""
+        if not self.grad_names:
+            return rows
+        for kind, prefix in ((Kind.GRAD_LOCAL, "Sentinel.grad_local"), (Kind.GRAD_REDUCED, "Sentinel.grad_reduced")):
+            seq = [r for r in rows if r.kind is kind]
+            if not seq:
+                continue
+            names = match_by_shape([(_op_slot(r)[0], tuple(r.stats.shape)) for r in seq], self.grad_names)
+            if names is None:
+                continue
+            for r, name in zip(seq, names):
+                r.name = f"{prefix}.{name}"
+        return rows
+
+
+def match_by_shape(kernels: list[tuple[int, tuple]], params: list[tuple[str, tuple]]) -> list[str] | None:
+    """Parameter name for each (op index, shape), or None when shapes do not match."""
+    if len(kernels) != len(params) or sorted(map(str, (s for _, s in kernels))) != \
+            sorted(map(str, (s for _, s in params))):
+        return None
+    by_shape: dict[tuple, list[int]] = {}
+    for i, (_, shape) in enumerate(params):
+        by_shape.setdefault(shape, []).append(i)
+    unique = sorted((by_shape[s][0], op) for op, s in kernels if len(by_shape[s]) == 1)
+    rising = sum(1 for a, b in zip(unique, unique[1:]) if b[1] > a[1])
+    # undecided (fewer than two unique shapes): MindSpore's HyperMap numbers the last first
+    descending = rising < (len(unique) - 1) / 2 if len(unique) > 1 else True
+    out: list[str | None] = [None] * len(kernels)
+    for shape, idxs in by_shape.items():
+        ks = sorted((op, k) for k, (op, s) in enumerate(kernels) if s == shape)
+        if descending:
+            ks.reverse()
+        for (_, k), i in zip(ks, idxs):
+            out[k] = params[i][0]
+    return out  # type: ignore[return-value]
+
+
+def _move_all(src: Path, dest: Path) -> None:
+    dest.mkdir(parents=True, exist_ok=True)
+    for entry in os.scandir(src):
+        os.replace(entry.path, dest / entry.name)
+
+
+def _op_slot(r: KernelRow) -> tuple:
+    head = r.name.rsplit(".", 4)[0]  # <OpType>.<op_name>
+    m = _OP_INDEX.search(head)
+    return (int(m.group(1)) if m else 0, r.name)
+
+
+def _is_reduced(t: KernelTensor) -> bool:
+    return t.op_type == "AllReduce" and t.io == "output" and "DistributedGradReducer" in t.op_name
+
+
+def _kind(t: KernelTensor) -> Kind:
+    if t.op_type == "AllReduce" and "DistributedGradReducer" in t.op_name:
+        return Kind.GRAD_LOCAL if t.io == "input" else Kind.GRAD_REDUCED
+    return Kind.BACKWARD if t.backward else Kind.FORWARD
+
+
+def _order(t: KernelTensor, graph_id: int, order: dict[str, int]) -> tuple:
+    pos = order.get(t.op_name, len(order) + 1)
+    return (graph_id, pos, 0 if t.io == "input" else 1, t.slot)
+
+
+def _dtype_name(dtype: str) -> str:
+    return dtype[:1].upper() + dtype[1:] if dtype else "Float32"
+
+
+def _size(d: Path) -> int:
+    try:
+        return sum(e.stat().st_size for e in os.scandir(d))
+    except OSError:
+        return 0

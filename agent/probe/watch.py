@@ -1,0 +1,82 @@
+"""Saying, once per rank, how the rank is watched -- or that it is not, and why.
+
+A compiled step cannot carry hooks, so what rankscope sees depends on the mode each
+step ran in. The first step end (or the end of the run, if no step was ever seen) says
+it in one line: on the rank's stderr (its log under msrun), and as a STATUS
+``{"what": "watch", "detail": {"rank", "mode", "how", "reason"}}`` to the node agent,
+which the coordinator keeps per rank for ``rankscope launch`` and incident.json.
+"""
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+from rankscope.wire.watch_line import UNWATCHED, watch_line
+
+PYNATIVE = "PyNative"
+GRAPH = "GRAPH"
+JIT = "PyNative+jit"
+
+
+@dataclass
+class Watch:
+    mode: str
+    how: str
+    reason: str = ""
+
+    def line(self, rank: Any) -> str:
+        return watch_line(rank, self.mode, self.how, self.reason)
+
+    def detail(self, rank: Any) -> dict:
+        return {"rank": rank, "mode": self.mode, "how": self.how, "reason": self.reason}
+
+
+class WatchReporter:
+    """Decides the rank's watch line from what the probe saw, and says it once."""
+
+    def __init__(self) -> None:
+        self.said: Watch | None = None
+        self.graph_steps = 0
+        self.jit_steps = 0  # PyNative steps made by an @ms.jit function
+        self.eager_steps = 0
+        self.jit_compiles = 0
+        self.kernel_dump: str | None = None  # how the kernel dump is set, or None
+        self.kernel_problem = ""  # why the kernel dump is not available
+        self.silent = False  # handed over to the script's own debugger, which will say it
+
+    def current(self) -> Watch:
+        if self.jit_steps:
+            if self.kernel_dump:
+                return Watch(JIT, f"the kernel dump ({self.kernel_dump}) for its @ms.jit step and step sentinels")
+            return Watch(JIT, "step sentinels only (parameters, loss)", self.kernel_problem or "kernel dump off")
+        if self.graph_steps:
+            if self.kernel_dump:
+                return Watch(GRAPH, f"the kernel dump ({self.kernel_dump}) and step sentinels")
+            why = self.kernel_problem or "kernel dump off"
+            return Watch(GRAPH, "step sentinels only (parameters, loss)", why)
+        if self.eager_steps:
+            if self.jit_compiles:
+                how = "hooks" + (" + the kernel dump for its jit parts" if self.kernel_dump
+                                 else "; its jit parts are not watched")
+                return Watch(JIT, how, "" if self.kernel_dump else self.kernel_problem)
+            return Watch(PYNATIVE, "hooks")
+        if self.jit_compiles:
+            return Watch(JIT, UNWATCHED, "the optimizer runs inside an @ms.jit function, so no step "
+                         "boundary is visible from Python; the run went on untouched")
+        return Watch("unknown", UNWATCHED, "no training step was recognised (no optimizer was called "
+                     "from Python and no compiled Cell containing one ran)")
+
+    def say(self, rank: Any, client: Any = None, final: bool = False) -> Watch | None:
+        """Say the line now if not said yet (``final``: also when nothing was seen)."""
+        if self.silent or self.said is not None or \
+                (not final and not (self.graph_steps or self.eager_steps or self.jit_steps)):
+            return None
+        w = self.said = self.current()
+        print(f"[rankscope] {w.line(rank)}", file=sys.stderr, flush=True)
+        if client is not None:
+            try:
+                client.state.outbox.put_nowait(("status", {"what": "watch", "detail": w.detail(rank)}))
+            except Exception:  # noqa: BLE001 - a full outbox: the log line stands
+                pass
+        return w

@@ -1,0 +1,209 @@
+"""Reading MindSpore's kernel dump: file names, execution order, the reducer's AllReduce
+as gradient sentinels, files deleted once read, and the GPU/Ascend statistic.csv. The
+tensor files are written to the layout checked on MindSpore 2.10 CPU (kernel_files);
+the real dump is exercised by the GRAPH e2e job."""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from rankscope.config.cluster import parse_cluster
+from rankscope.config.errors import ConfigError
+from rankscope.probe import kernel_config
+from rankscope.probe.kernel_config import KernelDump
+from rankscope.probe.kernel_files import parse_name, read_statistic_csv
+from rankscope.probe.kernel_reader import KernelReader
+from rankscope.wire.records import NO_CRC, Kind
+
+SCOPE = "Default_loss_net-WeightedLoss_net-Tower_l1-Dense_MatMul-op0"
+RED = "Default_reducer-DistributedGradReducer_AllReduce-op{}"
+
+
+def write(it_dir: Path, op_type: str, op: str, io: str, slot: int, arr: np.ndarray, ts: int) -> None:
+    it_dir.mkdir(parents=True, exist_ok=True)
+    dt = {"float32": "Float32", "bool": "Bool"}[arr.dtype.name]
+    np.save(it_dir / f"{op_type}.{op}.0.0.{ts}.{io}.{slot}.DefaultFormat.{dt}.npy", arr)
+
+
+def order_csv(root: Path, names: list[str]) -> None:
+    d = root / "rank_0" / "execution_order"
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "ms_execution_order_graph_0.csv").write_text(
+        "NodeExecutionOrder-FullNameWithScope\n" + "\n".join(n.replace("_", "/", 0) for n in names) + "\n")
+
+
+def step_files(root: Path, it: int, x: np.ndarray, grads: list[np.ndarray]) -> None:
+    d = root / "rank_0" / "rankscope" / "0" / str(it)
+    write(d, "MatMul", SCOPE, "input", 0, x, 5)
+    write(d, "MatMul", SCOPE, "output", 0, x[:, :2] * 2, 6)
+    # MindSpore numbers the reducer's AllReduce kernels last gradient first
+    for i, g in enumerate(grads):
+        op = RED.format(len(grads) - 1 - i)
+        write(d, "AllReduce", op, "input", 0, g, 10 + i)
+        write(d, "AllReduce", op, "output", 0, g / 4, 20 + i)
+
+
+def test_file_names_parse_to_msprobe_l2_record_names():
+    t = parse_name(f"MatMul.{SCOPE}.0.0.1795438745652124.input.1.DefaultFormat.Float32.npy")
+    assert t.record_name == f"MatMul.{SCOPE}.0.0.input.1" and not t.backward
+    assert parse_name("Parameter.weight.0.0.1795438745654443.output.0.DefaultFormat.Float32.npy") is None
+    assert parse_name("statistic.csv") is None
+
+
+def test_a_step_reads_in_execution_order_names_the_gradients_and_leaves_no_files(tmp_path):
+    root = tmp_path / "kernels"
+    order_csv(root, [RED.format(1), SCOPE, RED.format(0)])  # AllReduce op1 listed before the MatMul
+    x = np.arange(12, dtype=np.float32).reshape(4, 3)
+    x[1, 1] = np.nan
+    g_w, g_b = np.ones((2, 3), np.float32), np.full((2,), 3.0, np.float32)
+    step_files(root, 0, x, [g_w, g_b])
+    reader = KernelReader(KernelDump(root, True, "tensor", "kernels AllReduce+MatMul"), lambda *_: None)
+    reader.grad_names = [("l1.weight", (2, 3)), ("l1.bias", (2,))]
+    reader.submit()
+    rows = reader.collect()
+    names = [r.name for r in rows]
+    assert names[0] == "Sentinel.grad_local.l1.weight"  # op1 ran first (execution order CSV)
+    assert names.index(f"MatMul.{SCOPE}.0.0.input.0") < names.index(f"MatMul.{SCOPE}.0.0.output.0")
+    by = {r.name: r for r in rows}
+    assert by[f"MatMul.{SCOPE}.0.0.input.0"].stats.nan == 1 and by[f"MatMul.{SCOPE}.0.0.input.0"].kind is Kind.FORWARD
+    assert by["Sentinel.grad_local.l1.bias"].stats.max == 3.0
+    red = by["Sentinel.grad_reduced.l1.bias"]
+    assert red.kind is Kind.GRAD_REDUCED and red.stats.crc != NO_CRC and red.stats.max == 0.75
+    assert by["Sentinel.grad_local.l1.weight"].stats.crc == NO_CRC
+    assert not list((root / "rank_0" / "rankscope" / "0").iterdir())  # read, then deleted
+    assert reader.counters.high_water_iterations == 1 and reader.counters.high_water_bytes > 0
+    reader.close()
+
+
+def test_a_users_dump_is_read_but_never_deleted(tmp_path):
+    root = tmp_path / "theirs"
+    order_csv(root, [SCOPE])
+    step_files(root, 0, np.ones((2, 3), np.float32), [])
+    reader = KernelReader(KernelDump(root, False, "tensor", "every kernel"), lambda *_: None)
+    reader.submit()
+    assert len(reader.collect()) == 2
+    reader.submit()
+    assert reader.collect() == []  # the same iteration is not read twice
+    assert len(list((root / "rank_0" / "rankscope" / "0" / "0").iterdir())) == 2
+    reader.close()
+
+
+STAT_CSV = """Op Type,Op Name,Task ID,Stream ID,Timestamp,IO,Slot,Data Size,Data Type,Shape,Max Value,Min Value,Avg Value,Count,NaN Count,Negative Inf Count,Positive Inf Count,L2Norm Value
+MatMul,Default/net-Tower/l1-Dense/MatMul-op0,3,0,1700000000001,input,0,48,float32,"(4,3)",2.5,-1.0,0.5,12,0,0,0,4.2
+MatMul,Default/net-Tower/l1-Dense/MatMul-op0,3,0,1700000000002,output,0,32,float32,"(4,2)",nan,nan,nan,8,8,0,0,nan
+AllReduce,Default/reducer-DistributedGradReducer/AllReduce-op0,4,0,1700000000003,input,0,8,float32,"(2,)",inf,1.0,inf,2,0,0,1,inf
+Broken,row
+"""
+
+
+def test_gpu_ascend_statistic_csv_is_read_by_column_name(tmp_path):
+    path = tmp_path / "statistic.csv"
+    path.write_text(STAT_CSV)
+    rows = read_statistic_csv(path)
+    assert len(rows) == 3  # the broken row is skipped
+    a, b, c = rows
+    assert a.tensor.record_name == "MatMul.Default_net-Tower_l1-Dense_MatMul-op0.3.0.input.0"
+    assert (a.shape, a.max, a.min, a.mean, a.norm, a.numel, a.nan, a.inf) == ((4, 3), 2.5, -1.0, 0.5, 4.2, 12, 0, 0)
+    assert b.nan == 8 and math.isnan(b.max)
+    assert c.inf == 1 and c.tensor.io == "input"
+
+
+def test_statistic_csv_without_count_columns_still_flags_non_finite(tmp_path):
+    path = tmp_path / "statistic.csv"
+    path.write_text("Op Type,Op Name,Task ID,Stream ID,Timestamp,IO,Slot,Data Size,Data Type,Shape,Max Value,"
+                    "Min Value,L2Norm Value\nAdd,Default/Add-op1,1,0,5,output,0,8,float32,\"(2,)\",nan,0.0,nan\n")
+    (row,) = read_statistic_csv(path)
+    assert row.nan == 1 and row.numel == 2 and math.isnan(row.mean)
+
+
+def test_statistic_csv_rows_flow_through_the_reader(tmp_path):
+    root = tmp_path / "k"
+    d = root / "rank_0" / "net" / "0" / "0"
+    d.mkdir(parents=True)
+    (d / "statistic.csv").write_text(STAT_CSV)
+    reader = KernelReader(KernelDump(root, True, "statistic", "x"), lambda *_: None)
+    reader.grad_names = [("w", (2,))]
+    reader.submit()
+    by = {r.name: r for r in reader.collect()}
+    assert by["Sentinel.grad_local.w"].stats.inf == 1
+    reader.close()
+
+
+def test_our_config_dumps_tensors_on_cpu_and_statistics_elsewhere(tmp_path):
+    env: dict = {}
+    dump = kernel_config.install(tmp_path, "default", "CPU", env)
+    import json
+    cfg = json.loads(Path(env["MINDSPORE_DUMP_CONFIG"]).read_text())["common_dump_settings"]
+    assert cfg["saved_data"] == "tensor" and cfg["dump_mode"] == 1 and "AllReduce" in cfg["kernels"]
+    assert dump.own and Path(cfg["path"]) == dump.root
+    env = {}
+    kernel_config.install(tmp_path, "all", "Ascend", env)
+    cfg = json.loads(Path(env["MINDSPORE_DUMP_CONFIG"]).read_text())["common_dump_settings"]
+    assert cfg["saved_data"] == "statistic" and cfg["dump_mode"] == 0
+    assert kernel_config.install(tmp_path, "off", "CPU", {}) is None
+
+
+def test_a_users_dump_config_wins(tmp_path):
+    user = tmp_path / "mine.json"
+    user.write_text('{"common_dump_settings": {"path": "/data/d", "dump_mode": 0, "saved_data": "tensor"}}')
+    dump = kernel_config.install(tmp_path, "default", "CPU", {"MINDSPORE_DUMP_CONFIG": str(user)})
+    assert dump.root == Path("/data/d") and not dump.own and "files kept" in dump.describe()
+
+
+@pytest.mark.parametrize("val", ["some", [], ["Default/MatMul-op0"], 3])
+def test_graph_kernels_setting_is_checked(val):
+    with pytest.raises(ConfigError, match="graph_kernels"):
+        parse_cluster({"graph_kernels": val})
+    assert parse_cluster({"graph_kernels": ["AllReduce"]}).graph_kernels == ("AllReduce",)
+
+
+def test_tensor_task_keeps_kernel_files_in_msprobes_static_graph_layout_for_collect(tmp_path):
+    from rankscope.client.transfers import dump_files
+    from rankscope.wire.layout import graph_step_dir
+    dump_path = tmp_path / "dump_path"
+    root = dump_path / "kernels_1"
+    order_csv(root, [SCOPE])
+    step_files(root, 0, np.ones((2, 3), np.float32), [])
+    keep = dump_path / graph_step_dir("rank3", "20261123120000", 2)
+    reader = KernelReader(KernelDump(root, True, "tensor", "x"), lambda *_: None)
+    reader.submit(keep_in=keep)
+    assert len(reader.collect()) == 2
+    assert keep == dump_path / "rank_3" / "20261123120000" / "step_2"
+    assert len(list(keep.glob("MatMul.*.npy"))) == 2
+    assert not (root / "rank_0" / "rankscope" / "0" / "0").exists()
+    got = dump_files(dump_path, "rank3", "2")
+    assert sorted(p.name for p in got) == sorted(p.name for p in keep.iterdir())
+    assert dump_files(dump_path, "rank3", "3") == [] and dump_files(dump_path, "rank1", None) == []
+    reader.close()
+
+
+@pytest.mark.parametrize("ops", [[0, 1, 2, 3], [3, 2, 1, 0], [1, 3, 0, 2]])
+def test_gradient_allreduce_kernels_are_named_by_shape(ops):
+    from rankscope.probe.kernel_reader import match_by_shape
+    params = [("w1", (4, 3)), ("b1", (4,)), ("w2", (2, 4)), ("b2", (2,))]
+    kernels = [(op, params[i][1]) for i, op in enumerate(ops)]
+    assert match_by_shape(kernels, params) == ["w1", "b1", "w2", "b2"]
+
+
+def test_same_shaped_gradients_follow_the_direction_of_the_unique_ones():
+    from rankscope.probe.kernel_reader import match_by_shape
+    params = [("w1", (8, 8)), ("b1", (8,)), ("w2", (8, 8)), ("b2", (8,)), ("head", (1, 8))]
+    # numbered last gradient first, as MindSpore does for a reducer's HyperMap
+    kernels = [(4 - i, s) for i, (_, s) in enumerate(params)]
+    assert match_by_shape(kernels, params) == ["w1", "b1", "w2", "b2", "head"]
+    assert match_by_shape(kernels[:-1], params) is None
+
+
+@pytest.mark.parametrize("arr", [np.arange(12, dtype=np.float32).reshape(3, 4), np.float32(2.5),
+                                 np.array([True, False]), np.zeros((0, 3), np.int64),
+                                 np.asfortranarray(np.arange(6, dtype=np.float64).reshape(2, 3))])
+def test_kernel_tensors_load_exactly_as_numpy_writes_them(tmp_path, arr):
+    from rankscope.probe.kernel_files import load_npy
+    path = tmp_path / "t.npy"
+    np.save(path, arr)
+    got = load_npy(str(path))
+    assert got.dtype == np.asarray(arr).dtype and got.shape == np.asarray(arr).shape
+    assert np.array_equal(got, arr)
