@@ -258,7 +258,9 @@ class NodeCore:
         if id(e) in self._dying:
             return
         self._dying[id(e)] = (now, lost, self.wall())
-        if e.extra.get("state") != "terminated" and lost.exit_status != 0:
+        clean = lost.exit_status == 0 or (lost.exit_status is None and "bye" in e.extra
+                                            and "exception" not in e.extra)
+        if e.extra.get("state") != "terminated" and not clean:
             # The launcher is about to take the others down: ask them where they are now.
             self.stacks.ask(e.job, why=f"rank {e.assigned_rank} ended", exclude=e.pid)
 

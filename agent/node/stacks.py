@@ -35,8 +35,9 @@ class StackRequests:
         if ranks is None and now - self._asked.get(job, -ASK_AGAIN_S) < ASK_AGAIN_S:
             return 0
         self._asked[job] = now
+        # A rank that said goodbye is on its way out: leave it be.
         live = [e for e in self.registry.live() if e.job == job and e.host == self.host and "stacks_file" in e.extra
-                and e.pid != exclude]
+                and e.pid != exclude and "bye" not in e.extra]
         if ranks is not None:
             order = {r: i for i, r in enumerate(ranks)}
             live = sorted((e for e in live if e.assigned_rank in order), key=lambda e: order[e.assigned_rank])

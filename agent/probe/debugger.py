@@ -215,9 +215,8 @@ class PrecisionDebugger:
                 release_rank_label(self.config.dump_path, self._label)
             except OSError:
                 pass
-        if self.client is not None:
-            from rankscope.probe import stack_signal
-            stack_signal.uninstall()
+        # The SIGUSR2 stack handler stays for the rest of the process: its node agent may
+        # still ask for stacks while the job tears down, and SIGUSR2's default would kill it.
         if PrecisionDebugger.current is self:
             PrecisionDebugger.current = None
 

@@ -37,14 +37,3 @@ def install(job: str) -> str | None:
         _file = None
         return None
     return _file.name
-
-
-def uninstall() -> None:
-    global _file
-    if _file is None:
-        return
-    try:
-        faulthandler.unregister(SIGNAL)
-    finally:
-        _file.close()
-        _file = None

@@ -18,21 +18,20 @@ from pathlib import Path
 import pytest
 
 from rankscope.coordinator.cli.demo import msrun_command
-from rankscope.coordinator.launch.runner import INCIDENT_EXIT
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
 JOB = Path(__file__).parent / "jobs" / "graph_dp.py"
 RANKS = 4
 
 
-def launch(tmp_path: Path, fault: str | None, steps: int = 6):
+def launch(tmp_path: Path, fault: str | None, steps: int = 6, action: str = "terminate"):
     out = tmp_path / "out"
     env = dict(os.environ, GRAPH_STYLE="custom", GRAPH_STEPS=str(steps))
     env.pop("GRAPH_FAULT", None)
     env.pop("MINDSPORE_DUMP_CONFIG", None)
     if fault:
         env["GRAPH_FAULT"] = fault
-    cmd = [sys.executable, "-m", "rankscope", "launch", "--export-dir", str(out), "--on-divergence", "terminate",
+    cmd = [sys.executable, "-m", "rankscope", "launch", "--export-dir", str(out), "--on-divergence", action,
            "--", *msrun_command(RANKS, out / "msrun_logs", JOB)]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=400)
     incidents = [json.loads(p.read_text()) for p in sorted((out / "incidents").glob("*/incident.json"))] \
@@ -64,7 +63,9 @@ def test_clean_graph_job_runs_untouched_and_every_rank_says_it_is_watched(tmp_pa
 
 
 def test_nan_in_one_ranks_batch_is_traced_to_its_first_kernel(tmp_path):
-    proc, out, incidents = launch(tmp_path, "nan_batch:2:3")
+    # export, not terminate: a compiled step takes milliseconds here, so the job may well
+    # finish before a terminate lands; the verdict must not depend on that race.
+    proc, out, incidents = launch(tmp_path, "nan_batch:2:3", action="export")
     assert incidents, "no incident\n" + explain(proc, out)
     inc = incidents[0]
     assert (inc["detector"], inc["first_diverging_rank"], inc["step"]) == ("nan_origin", 2, 3), inc["evidence"]
@@ -72,4 +73,7 @@ def test_nan_in_one_ranks_batch_is_traced_to_its_first_kernel(tmp_path):
     assert inc["tensor"].startswith("MatMul.Default_loss_net-WeightedLoss_net-Tower_l1-Dense_MatMul"), inc["tensor"]
     assert inc["tensor"].endswith(".input.0")
     assert inc["ranks"]["2"]["watch"]["mode"] == "GRAPH"
-    assert proc.returncode == INCIDENT_EXIT, explain(proc, out)
+    assert proc.returncode == 0, explain(proc, out)  # watched, never broken
+    inc_dir = next((out / "incidents").glob("*/incident.json")).parent
+    for r in range(RANKS):
+        assert any((inc_dir / f"rank_{r}" / "rdr").rglob("*")), f"rank {r} has no bundle"

@@ -20,11 +20,15 @@ class World:
     def __init__(self) -> None:
         self.t = 100.0
         self.dead: dict[int, int] = {}  # pid -> raw wait status
+        self.gone: set[int] = set()
+        self.signals: list[tuple[int, int]] = []  # what the agent sent, (pid, signal)
 
     def clock(self) -> float:
         return self.t
 
-    def read(self, pid: int) -> ProcStat:
+    def read(self, pid: int) -> ProcStat | None:
+        if pid in self.gone:
+            return None
         if pid in self.dead:
             return ProcStat("Z", 7, self.dead[pid])
         return ProcStat("S", 7, None)
@@ -32,12 +36,16 @@ class World:
     def kill(self, pid: int, sig: int) -> None:
         self.dead[pid] = sig  # waitpid status of a process killed by ``sig``
 
+    def reaped(self, pid: int) -> None:
+        self.gone.add(pid)  # its parent collected it: no exit status left to read
+
 
 def make(tmp_path, **kw):
     world = World()
     settings = AgentSettings(listen="ipc:///nowhere", coordinator="tcp://127.0.0.1:1", job="j",
                              bundle_dir=tmp_path / "bundles", settle_s=0.3, heartbeat_timeout_s=5.0, **kw)
-    core = NodeCore(settings, "h", "agent:h:1", clock=world.clock, read_proc=world.read)
+    core = NodeCore(settings, "h", "agent:h:1", clock=world.clock, read_proc=world.read,
+                    send_signal=lambda pid, sig: world.signals.append((pid, sig)))
     return core, world
 
 
@@ -262,3 +270,26 @@ def test_the_last_sync_point_travels_with_the_loss_and_a_clock_probe_is_answered
     [reply] = [protocol.Decoder().decode(f) for f in core.take().up_volatile]
     assert reply.body["what"] == "clock" and reply.body["detail"]["t1"] == 5.0
     assert isinstance(reply.body["detail"]["t2"], float)
+
+
+def test_stacks_are_asked_of_the_others_only_when_a_rank_ends_badly_and_never_after_a_goodbye(tmp_path):
+    import signal
+
+    core, world = make(tmp_path)
+    for r in range(4):
+        register(core, bytes([r]), 20 + r, r, world_size=4, stacks_file=f"/tmp/s{r}.txt")
+    core.tick()
+    core.take()
+    bye = lambda pid, seq: encode(Message(protocol.STATUS, "j", f"rank:h:{pid}", seq, {  # noqa: E731
+        "what": "bye", "detail": {"ok": True, "error": "", "step": 4}}))
+    # Rank 0 finishes cleanly and its parent reaps it at once (status unknown): no alarm.
+    core.on_rank_frame(bytes([0]), bye(20, 9))
+    world.reaped(20)
+    core.on_pid_exit(20)
+    assert world.signals == []
+    # Rank 1 said goodbye and is on its way out; then rank 2 is SIGKILLed: only rank 3,
+    # still running, is asked (SIGUSR2 would end a rank whose handler is gone).
+    core.on_rank_frame(bytes([1]), bye(21, 9))
+    world.kill(22, signal.SIGKILL)
+    core.on_pid_exit(22)
+    assert world.signals == [(23, signal.SIGUSR2)]
