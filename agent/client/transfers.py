@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import logging
 import queue
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Callable, Iterable
 
@@ -24,6 +26,21 @@ from rankscope.wire.layout import (
 log = logging.getLogger(__name__)
 
 _PUT_TIMEOUT_S = 120.0
+#: Bundles written only to be sent live in folders named so under the temp dir: once
+#: their chunks are queued the folder goes (the incident folder is the one copy kept).
+SCRATCH_PREFIX = "rankscope-export-"
+
+
+def export_scratch(incident: str | None) -> Path:
+    """A private folder for a bundle that is written only to be sent."""
+    return Path(tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{safe_id(str(incident or 'export'))}-"))
+
+
+def _discard_scratch(paths: list[Path]) -> None:
+    tmp = Path(tempfile.gettempdir()).resolve()
+    for folder in {p.resolve().parents[i] for p in paths for i in range(len(p.resolve().parents))}:
+        if folder.name.startswith(SCRATCH_PREFIX) and folder.parent == tmp:
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def run_export(out: queue.Queue, on_export: Callable[[str | None], Iterable[Path]] | None,
@@ -50,6 +67,8 @@ def run_export(out: queue.Queue, on_export: Callable[[str | None], Iterable[Path
             return
     except Exception as exc:
         error = f"sending the bundle failed: {exc!r}"[:500]
+    finally:
+        _discard_scratch(paths)
     out.put(("status", {"what": "export_none", "detail": {
         "incident": incident, "transfer": transfer, "rank": rank, "error": error}}), timeout=_PUT_TIMEOUT_S)
 

@@ -324,11 +324,14 @@ class PrecisionDebugger:
         self.sinks.append(client)
 
     def _on_export(self, incident_id: str) -> list:
-        """The coordinator asked for this rank's bundle: write it."""
+        """The coordinator asked for this rank's bundle: write it (the client sends it, then
+        deletes this copy)."""
         from pathlib import Path
 
+        from rankscope.client.transfers import export_scratch
         from rankscope.rdr.bundle import write_bundle
-        root = Path(self.config.dump_path).absolute() / "rankscope_export" / str(incident_id)
+        # Written only to be sent: the incident folder keeps the one copy.
+        root = export_scratch(incident_id)
         bundle = write_bundle(root, self.rank if self.rank is not None else self._label,
                               reason=f"export for incident {incident_id}", steps=self.flight_recorder or (),
                               config=self.config.to_dict())
