@@ -75,22 +75,27 @@ class GraphSteps:
             opts = []
         if not opts:
             return orig(cell, *args, **kwargs)
-        try:
-            self.before(cell, opts)  # may end the previous step: a pause waits here
-        except Exception as exc:  # noqa: BLE001
-            _reraise_terminate(exc)
-            self.on_error("before a compiled step", exc)
+        self._before(cell, opts, "compiled")  # may end the previous step: a pause waits here
         self.sync.enter("graph")
         out = orig(cell, *args, **kwargs)
         self.sync.leave("graph")
+        return self._after(cell, out, "compiled")
+
+    def _before(self, cell: Any, opts: list, what: str) -> None:
+        try:
+            self.before(cell, opts)
+        except Exception as exc:  # noqa: BLE001
+            _reraise_terminate(exc)
+            self.on_error(f"before a {what} step", exc)
+
+    def _after(self, cell: Any, out: Any, what: str) -> Any:
         self.steps += 1
         try:
             self.after(cell, out)
         except Exception as exc:  # noqa: BLE001
             _reraise_terminate(exc)
-            self.on_error("after a compiled step", exc)
+            self.on_error(f"after a {what} step", exc)
         return out
-
 
     def run_jit(self, ex: Any, orig: Callable, args: tuple, kwargs: dict) -> Any:
         """An @ms.jit call in PyNative: a training step when it steps an optimizer.
@@ -112,11 +117,7 @@ class GraphSteps:
         elif not opts:
             return orig(ex, *args, **kwargs)
         else:
-            try:
-                self.before(None, opts)
-            except Exception as exc:  # noqa: BLE001
-                _reraise_terminate(exc)
-                self.on_error("before a jit step", exc)
+            self._before(None, opts, "jit")
             self.sync.enter("graph")
         out = orig(ex, *args, **kwargs)
         if counters is not None:
@@ -130,13 +131,7 @@ class GraphSteps:
                 return out
         else:
             self.sync.leave("graph")
-        self.steps += 1
-        try:
-            self.after(None, out)
-        except Exception as exc:  # noqa: BLE001
-            _reraise_terminate(exc)
-            self.on_error("after a jit step", exc)
-        return out
+        return self._after(None, out, "jit")
 
 
 def _step_counters(optimizers: list) -> dict:
