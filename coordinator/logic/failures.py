@@ -36,6 +36,8 @@ from rankscope.wire.sync import SyncPoint
 
 #: Deaths this close together are ties unless one of them is a launcher's kill.
 TIE_S = 0.05
+#: How often a group is scanned for a hang (its members' sync points).
+HANG_CHECK_S = 0.25
 #: Signals a launcher uses to take a job down: a death by one of them after another
 #: rank's death is a consequence.
 _TEARDOWN_SIGNALS = (signal.SIGKILL, signal.SIGTERM)
@@ -71,6 +73,7 @@ class FailureJudge:
         self.settle_s, self.teardown_s, self.hang_timeout_s = settle_s, teardown_s, hang_timeout_s
         self.episodes: dict[str, Episode] = {}  # group label -> the open episode
         self._hung: set[tuple[str, tuple[int, int]]] = set()  # (group, collective) already judged
+        self._next_hang_check: dict[str, float] = {}  # group label -> when to look for a hang next
 
     def death(self, group: Group, d: Death, now: float) -> None:
         ep = self.episodes.get(group.label)
@@ -91,7 +94,10 @@ class FailureJudge:
         if ep is not None and ep.verdict is None and (force or now - ep.opened >= self.settle_s):
             ep.verdict = self._decide(group, ep.deaths)
             return [ep.verdict]
-        if ep is None or ep.verdict is None:
+        if (ep is None or ep.verdict is None) and (force or now >= self._next_hang_check.get(group.label, now)):
+            # A scan of every member's sync point: a few times a second is plenty against
+            # a timeout of minutes, and keeps it out of most of the ingest loop's ticks.
+            self._next_hang_check[group.label] = now + HANG_CHECK_S
             hung = self._hang(group, wall_now)
             if hung is not None:
                 return [hung]
