@@ -16,6 +16,7 @@ from typing import Iterator
 from rankscope.node.registry import RankEntry
 from rankscope.rdr.flight_recorder import FlightRecorder
 from rankscope.wire.layout import dump_label, safe_id
+from rankscope.wire.rank_map import rank_map_document
 from rankscope.wire.records import StepBatch
 
 log = logging.getLogger(__name__)
@@ -61,7 +62,7 @@ class RankBundles:
             ended["state"] = entry.state.value
             texts = {"thread_stacks.txt": stacks} if (stacks := _captured_stacks(entry)) else None
             path = write_bundle(self.root / safe_id(entry.job), rank, reason=reason, steps=rec, texts=texts,
-                                on_behalf=True, extra={what: ended, "rank_map": rank_map})
+                                on_behalf=True, extra={what: ended, "rank_map": rank_map_document(rank_map)})
         except Exception:  # never let one bundle take the agent down
             log.exception("could not write the bundle of rank %s (pid %d) on its behalf", rank, entry.pid)
             return None

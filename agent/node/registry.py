@@ -24,6 +24,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+from rankscope.wire.layout import dump_label
+
 
 class ProcessState(str, enum.Enum):
     """PENDING: registered, id not answered yet. LIVE: answered, process running.
@@ -68,12 +70,18 @@ class RankEntry:
         return (self.dp_index is None, self.dp_index or 0,
                 self.device_id is None, self.device_id or 0, self.pid)
 
+    def folder_label(self) -> str:
+        """The dump folder the rank writes once answered: its id names it (``label`` as
+        registered is the folder it had before, ``proc{pid}``)."""
+        return dump_label(self.assigned_rank) if self.assigned_rank is not None else self.label
+
     def map_entry(self) -> dict:
         """One rank_map.json row: the original claim next to what was assigned."""
         return {"job": self.job, "claimed_rank": self.claimed_rank, "assigned_rank": self.assigned_rank,
                 "remapped": self.remapped, "host": self.host, "pid": self.pid,
                 "device_id": self.device_id, "dp_index": self.dp_index, "local_rank": self.local_rank,
-                "world_size": self.world_size, "label": self.label, "state": self.state.value,
+                "world_size": self.world_size, "label": self.folder_label(), "claimed_label": self.label,
+                "state": self.state.value,
                 "last_step": self.last_step, "exit_status": self.exit_status, "reason": self.reason}
 
 

@@ -23,7 +23,7 @@ from rankscope.probe.hooks.api import ApiHooks
 from rankscope.probe.hooks.cell import CellHooks
 from rankscope.probe.hooks.recorder import Recorder
 from rankscope.probe.identity import resolve_rank
-from rankscope.probe.rank_env import device_side, env_int, make_flight_recorder, world_size
+from rankscope.probe.rank_env import device_side, env_int, make_flight_recorder, resolve_dp_index, world_size
 from rankscope.probe.sentinels import Sentinels
 from rankscope.probe.sync_tracker import SyncTracker
 from rankscope.probe.token_range import TokenCounter, TokenRangeHooks, check_token_range
@@ -310,9 +310,10 @@ class PrecisionDebugger:
             return  # the node-agent client is not part of this build
         from rankscope.probe import stack_signal
         client = AgentClient(endpoint, self.job, self.gate, on_export=self._on_export, sync=self.sync)
+        dp_index, _ = resolve_dp_index(self.config.cluster.dp_index)
         claim = RankClaim(host=socket.gethostname(), pid=os.getpid(), claimed_rank=self.rank,
                           world_size=env_int("RANK_SIZE") or env_int("WORLD_SIZE") or world_size(),
-                          dp_index=self.config.cluster.dp_index, device_id=env_int("DEVICE_ID"),
+                          dp_index=dp_index, device_id=env_int("DEVICE_ID"),
                           local_rank=env_int("LOCAL_RANK"), label=self._label,
                           stacks_file=stack_signal.install(self.job) or "")
         # 5 s, not 2: on a loaded node the agent's answer can take seconds, and a late

@@ -1,9 +1,18 @@
 """What the debugger reads from the rank's environment: world size, device side, env ints,
-and its optional flight recorder."""
+the data-parallel index a serving framework gave the worker, and its optional flight recorder."""
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, Mapping
+
+#: Where a data-parallel worker learns its index from the framework that started it,
+#: first one set wins: (variable, who sets it). Only job-wide indices belong here (a
+#: node-local one such as vLLM's VLLM_DP_RANK_LOCAL repeats on every node).
+DP_INDEX_VARS: tuple[tuple[str, str], ...] = (
+    ("RANKSCOPE_DP_INDEX", "rankscope (set it yourself where the framework says nothing)"),
+    ("VLLM_DP_RANK", "vLLM (vllm/envs.py; vllm-ascend and vllm-mindspore run on it)"),
+    ("SGLANG_DP_RANK", "SGLang (sglang_router's launch_server sets it per DP server process)"),
+)
 
 
 def make_flight_recorder(k: int) -> Any:
@@ -43,3 +52,41 @@ def world_size() -> int | None:
         return int(get_group_size()) if GlobalComm.INITED else None
     except Exception:  # noqa: BLE001
         return None
+
+
+def dp_index_from_env(env: Mapping[str, str] | None = None) -> tuple[int | None, str | None, list[str]]:
+    """(index, the variable it came from, problems): the first of :data:`DP_INDEX_VARS`
+    holding an integer >= 0. A set variable that is not one is skipped and named in
+    ``problems``, so the rank can say why its order is not the server's."""
+    env = os.environ if env is None else env
+    problems = []
+    for name, _who in DP_INDEX_VARS:
+        raw = env.get(name)
+        if raw is None or raw.strip() == "":
+            continue
+        try:
+            value = int(raw.strip())
+        except ValueError:
+            value = -1
+        if value < 0:
+            problems.append(f"{name}={raw!r} is not an integer >= 0")
+            continue
+        return value, name, problems
+    return None, None, problems
+
+
+def resolve_dp_index(configured: int | None) -> tuple[int | None, str]:
+    """The index this worker registers with and where it came from (``cluster.dp_index``
+    wins over the environment). Said once on the rank's stderr (its log), because an id
+    order that looks wrong is first checked there."""
+    import sys
+    if configured is not None:
+        index, source, problems = configured, "cluster.dp_index", []
+    else:
+        index, source, problems = dp_index_from_env()
+    for problem in problems:
+        print(f"[rankscope] ignored {problem}", file=sys.stderr, flush=True)
+    if index is not None:
+        print(f"[rankscope] DP index {index} from {source}: workers claiming one rank id are "
+              "numbered in this order", file=sys.stderr, flush=True)
+    return index, source or ""

@@ -18,6 +18,7 @@ from typing import Any, Mapping
 from rankscope.coordinator.logic.incident import Incident
 from rankscope.wire.atomic import atomic_write_bytes
 from rankscope.wire.layout import incident_dir, incidents_root
+from rankscope.wire.rank_map import rank_map_document
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +82,7 @@ def incident_document(incident: Incident, ranks: Mapping[int, Mapping[str, Any]]
         "ranks": {str(r): dict(info) for r, info in sorted(ranks.items())},
         "bundles": {str(r): str(p) for r, p in sorted(bundles.items())},
         "missing_bundles": sorted(int(r) for r in ranks if r not in bundles),
-        "rank_map": list(rank_map or []),
+        "rank_map": rank_map_document(rank_map or []),
         "related_verdicts": incident.related,
         # detected -> paused -> exported -> written -> resumed/terminated, as it happened.
         "timeline": timeline(incident),

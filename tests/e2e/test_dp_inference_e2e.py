@@ -72,13 +72,20 @@ def faulty(tmp_path_factory):
 
 def rank_of_worker(run: dict, worker: int) -> int:
     pid = run["results"][worker]["pid"]
-    rows = [r for r in run["incident"]["rank_map"] if r["pid"] == pid]
+    rows = [r for r in run["incident"]["rank_map"]["entries"] if r["pid"] == pid]
     assert len(rows) == 1, run["incident"]["rank_map"]
     return int(rows[0]["assigned_rank"])
 
 
 def test_clashing_rank0_claims_get_distinct_ids_recorded_in_the_export(faulty):
-    rank_map = faulty["incident"]["rank_map"]
+    doc = faulty["incident"]["rank_map"]
+    # incident.json's map has the shape of the rank_map.json beside it (rows may be newer there)
+    beside = json.loads((faulty["dir"] / "rank_map.json").read_text())
+    assert doc["format"] == beside["format"]
+    assert {(r["pid"], r["assigned_rank"]) for r in doc["entries"]} == \
+        {(r["pid"], r["assigned_rank"]) for r in beside["entries"]}
+    rank_map = doc["entries"]
+    assert all(r["label"] == f"rank{r['assigned_rank']}" for r in rank_map), rank_map
     pids = {r["pid"] for r in faulty["results"].values()}
     assert {r["pid"] for r in rank_map} == pids
     assert all(r["claimed_rank"] == 0 for r in rank_map)

@@ -117,6 +117,25 @@ def test_rank_map_rows_and_atomic_file(tmp_path):
     assert [p.name for p in path.parent.iterdir()] == ["rank_map.json"]  # no temp left behind
 
 
+def test_rank_map_label_is_the_folder_the_assigned_id_names():
+    reg, _ = _assign([(2764, 0, {"label": "proc2764", "dp_index": 1}), (2765, 0, {"label": "proc2765",
+                                                                                  "dp_index": 0})])
+    rows = {r["pid"]: r for r in reg.rank_map("j")}
+    assert (rows[2765]["label"], rows[2765]["claimed_label"]) == ("rank0", "proc2765")
+    assert (rows[2764]["label"], rows[2764]["claimed_label"]) == ("rank1", "proc2764")
+
+
+def test_every_rank_map_is_one_document_shape(tmp_path):
+    from rankscope.wire.rank_map import FORMAT, rank_map_document, rank_map_entries
+    reg, _ = _assign([(1, 0, {}), (2, 0, {})])
+    rows = reg.rank_map("j")
+    doc = json.loads(write_rank_map(tmp_path / "rank_map.json", rows).read_text())
+    assert doc == rank_map_document(rows) == {"format": FORMAT, "entries": rows}
+    assert rank_map_entries(doc) == rows
+    assert rank_map_entries(rows) == rows  # a bare list (incidents written before) still reads
+    assert rank_map_entries(None) == [] and rank_map_entries({"format": FORMAT}) == []
+
+
 def test_negative_settle_is_rejected():
     with pytest.raises(ValueError, match="settle_s"):
         RankRegistry(settle_s=-1)

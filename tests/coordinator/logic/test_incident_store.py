@@ -34,7 +34,8 @@ def test_incident_json_has_the_contract_fields_in_strict_json(tmp_path) -> None:
     assert doc["evidence"]["value"] == "nan" and doc["evidence"]["big"] == "inf" and doc["evidence"]["n"] == 3
     assert doc["ranks"] == {"3": {"state": "paused", "step": 17}, "5": {"state": "lost", "step": 9}}
     assert doc["bundles"] == {"3": "/e/rank_3"} and doc["missing_bundles"] == [5]
-    assert doc["rank_map"][0]["assigned_rank"] == 3 and doc["state"] == "pausing"
+    assert doc["rank_map"] == {"format": "rankscope-rank-map/1", "entries": [{"assigned_rank": 3, "pid": 1}]}
+    assert doc["state"] == "pausing"
     assert not list(path.parent.glob(".*.tmp"))  # written via a temp file + rename
 
 
