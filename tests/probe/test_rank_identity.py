@@ -77,3 +77,25 @@ def test_rank_label():
     assert rank_label(0) == "rank0"
     assert rank_label(None, 1234) == "proc1234"
     assert rank_label(None) == f"proc{os.getpid()}"
+
+
+def test_dp_index_comes_from_the_first_framework_variable_set():
+    from rankscope.probe.rank_env import DP_INDEX_VARS, dp_index_from_env
+    assert [name for name, _ in DP_INDEX_VARS][0] == "RANKSCOPE_DP_INDEX"
+    assert dp_index_from_env({}) == (None, None, [])
+    assert dp_index_from_env({"VLLM_DP_RANK": "2", "VLLM_DP_RANK_LOCAL": "0"}) == (2, "VLLM_DP_RANK", [])
+    assert dp_index_from_env({"SGLANG_DP_RANK": "1"}) == (1, "SGLANG_DP_RANK", [])
+    assert dp_index_from_env({"RANKSCOPE_DP_INDEX": "0", "VLLM_DP_RANK": "3"}) == (0, "RANKSCOPE_DP_INDEX", [])
+    index, var, problems = dp_index_from_env({"RANKSCOPE_DP_INDEX": "two", "VLLM_DP_RANK": "-1",
+                                              "SGLANG_DP_RANK": "4"})
+    assert (index, var) == (4, "SGLANG_DP_RANK")
+    assert problems == ["RANKSCOPE_DP_INDEX='two' is not an integer >= 0",
+                        "VLLM_DP_RANK='-1' is not an integer >= 0"]
+
+
+def test_configured_dp_index_wins_and_the_source_is_said(monkeypatch, capsys):
+    from rankscope.probe.rank_env import resolve_dp_index
+    monkeypatch.setenv("VLLM_DP_RANK", "5")
+    assert resolve_dp_index(1) == (1, "cluster.dp_index")
+    assert resolve_dp_index(None) == (5, "VLLM_DP_RANK")
+    assert "DP index 5 from VLLM_DP_RANK" in capsys.readouterr().err
