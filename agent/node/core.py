@@ -19,6 +19,7 @@ import socket
 import time
 from typing import Callable
 
+from rankscope.config.job import checked_job_config
 from rankscope.node.assign import HeldAnswers, confirm_assigned
 from rankscope.node.bundles import RankBundles
 from rankscope.node.exports import RecentExports
@@ -29,7 +30,7 @@ from rankscope.node.registry import ProcessState, RankEntry, RankRegistry
 from rankscope.node.relay import ControlRelay
 from rankscope.node.settings import AgentSettings
 from rankscope.node.stacks import StackRequests
-from rankscope.wire import protocol
+from rankscope.wire import job_config, protocol
 from rankscope.wire.layout import rank_to_wire, safe_id
 from rankscope.wire.protocol import Message, encode
 from rankscope.wire.rank_map import write_rank_map
@@ -74,6 +75,8 @@ class NodeCore:
         self.exports = RecentExports(self.clock)
         self.held = HeldAnswers(settings.assign_wait_s if settings.coordinator else 0.0)
         self._next_status = 0.0
+        #: The job's config as the coordinator greeted us with it; launch --agent asks for it.
+        self.job_config: dict | None = None
 
     def take(self) -> Outbox:
         out, self.out = self.out, Outbox()
@@ -131,6 +134,8 @@ class NodeCore:
             self.out.up_volatile.append(frame)
         elif msg.type == protocol.REGISTER:
             self._on_register(ident, msg, key)
+        elif msg.type == protocol.STATUS and msg.body["what"] == job_config.WHAT:
+            self.out.to_ranks.append((ident, self._msg(protocol.STATUS, msg.job, job_config.body(self.job_config))))
         elif msg.type == protocol.STATUS:
             self._on_rank_status(entry, frame, msg, key)
         elif msg.type == protocol.BUNDLE_CHUNK:
@@ -342,6 +347,8 @@ class NodeCore:
         elif msg.type == protocol.STATUS and msg.body["what"] == "assigned":
             if not confirm_assigned(self.registry, self.held, msg.job, msg.body.get("detail"), self._answer):
                 self._updecoder.rejected["bad_assigned"] += 1
+        elif msg.type == protocol.STATUS and msg.body["what"] == job_config.WHAT:
+            self.job_config = checked_job_config(job_config.config_of(msg.body)) or self.job_config
         elif msg.type == protocol.STATUS and msg.body["what"] == "ack":
             high = (msg.body.get("detail") or {}).get("high")
             if isinstance(high, dict):

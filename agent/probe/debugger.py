@@ -13,7 +13,7 @@ import socket
 import time
 from typing import Any
 
-from rankscope.config.msprobe import load_config
+from rankscope.config.job import rank_config
 from rankscope.dump.folder_claim import claim_rank_label, release_rank_label
 from rankscope.dump.writer import DumpWriter
 from rankscope.probe.gate import RankscopeTerminated, StepGate
@@ -31,6 +31,20 @@ from rankscope.wire.layout import dump_label, rank_to_wire
 from rankscope.wire.records import Kind, StepOutput
 
 log = logging.getLogger("rankscope.probe")
+_said: set[str] = set()
+
+
+def say_once(note: str) -> None:
+    """Something about this rank's settings the user must see: once per process, on its
+    stderr (the rank's log) and on launch's terminal."""
+    if note in _said:
+        return
+    _said.add(note)
+    import sys
+
+    from rankscope.wire.attach_report import write_note
+    print(f"[rankscope] WARNING: {note}", file=sys.stderr, flush=True)
+    write_note(note)
 
 
 class PrecisionDebugger:
@@ -42,7 +56,9 @@ class PrecisionDebugger:
     def __init__(self, config_path: str | None = None, task: str | None = None,
                  dump_path: str | None = None, level: str | None = None,
                  step: list | None = None, *, _auto: bool = False) -> None:
-        self.config = load_config(config_path, task=task, dump_path=dump_path, level=level, step=step)
+        self.config, note = rank_config(config_path, task=task, dump_path=dump_path, level=level, step=step)
+        if note:
+            say_once(note)
         cfg = self.config
         self.auto = _auto
         self.gate = StepGate(exit_on_terminate=cfg.cluster.on_terminate == "exit")

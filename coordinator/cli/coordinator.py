@@ -45,11 +45,13 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
-def cluster_section(config: Path | None, on_divergence: str | None) -> dict:
+def job_settings(config: Path | None, on_divergence: str | None) -> dict:
+    """The job's whole config, which every node agent is handed (its ``cluster`` section is
+    what the coordinator runs with)."""
     from rankscope.config.errors import ConfigError
-    from rankscope.config.job import job_cluster_section
+    from rankscope.config.job import job_config
     try:
-        return job_cluster_section(config, on_divergence)  # fail here, not inside the actor
+        return job_config(config, on_divergence)  # fail here, not inside the actor
     except ConfigError as exc:
         print(f"rankscope coordinator: --config {config}: {exc.reason if exc.field == 'config_path' else exc}",
               file=sys.stderr)
@@ -89,7 +91,7 @@ def connect_ray(address: str | None, namespace: str, detached: bool, verbose: bo
 
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
-    cluster = cluster_section(args.config, args.on_divergence)
+    job = job_settings(args.config, args.on_divergence)
     curve = curve_keys(args.curve_secret, args.allow_dir)
     from rankscope.coordinator.server.client import Coordinator, CoordinatorError, ray_address
     try:
@@ -104,8 +106,8 @@ def main(argv: list[str]) -> int:
         signal.signal(sig, lambda *_: stop.set())
     export_dir = args.export_dir.resolve()
     try:
-        coord = Coordinator.start(str(export_dir), cluster, name=args.name, namespace=args.namespace,
-                                  bind=args.bind, detached=args.detached, job=args.job, curve=curve)
+        coord = Coordinator.start(str(export_dir), job["cluster"], name=args.name, namespace=args.namespace,
+                                  bind=args.bind, detached=args.detached, job=args.job, curve=curve, config=job)
         endpoint = coord.endpoint()
         restored = coord.incidents()
     except CoordinatorError as exc:

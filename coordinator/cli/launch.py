@@ -52,7 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def check_args(args: argparse.Namespace) -> dict:
-    """Every option and the command, before anything starts; the cluster section to run with."""
+    """Every option and the command, before anything starts; the job's config to run with."""
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     if args.agent and not args.job:
         raise UsageError("--agent needs --job: every node's ranks must report under one job id")
@@ -60,12 +60,12 @@ def check_args(args: argparse.Namespace) -> dict:
     args.cmd = preflight.resolve_command(cmd, child_env_path())
     if args.config is not None:
         args.config = args.config.resolve()
-    cluster = preflight.check_config(args.config, args.on_divergence)
+    job = preflight.check_config(args.config, args.on_divergence)
     preflight.non_negative("--grace", args.grace)
     args.export_dir = preflight.writable_dir("--export-dir", args.export_dir)
     if args.log is not None:
         args.log = preflight.writable_file("--log", args.log)
-    return cluster
+    return job
 
 
 def child_env_path() -> str:
@@ -76,11 +76,11 @@ def child_env_path() -> str:
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     try:
-        cluster = check_args(args)
+        job = check_args(args)
     except UsageError as exc:
         print(f"rankscope launch: {exc}", file=sys.stderr)
         return 2
-    launch = Launch(args, cluster)
+    launch = Launch(args, job)
     # Ctrl-C / SIGTERM: stop the command's whole tree, then clean up as usual.
     def _on_signal(signum, _frame):
         launch.signal_tree(signum)
@@ -97,11 +97,7 @@ def main(argv: list[str]) -> int:
         if args.agent:
             agent_endpoint = args.agent
             launch.say(f"attaching ranks to this host's node agent at {agent_endpoint} (job {launch.job})")
-            judged = [k for k in ("groups", "deadline_s", "detectors", "watchpoints") if k in cluster]
-            if judged or args.on_divergence:
-                # The verdict is the cluster coordinator's: these never reach it from here.
-                print(f"[rankscope] warning: with --agent, {', '.join(judged or ['--on-divergence'])} "
-                      "must be given to `rankscope coordinator`; ignored here", file=sys.stderr, flush=True)
+            launch.take_job_config(agent_endpoint)
         else:
             endpoint = launch.start_coordinator()
             _catch_signals()

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import rankscope
 from rankscope.wire import attach_report
+from rankscope.wire.job_config import CONFIG_ENV, DUMP_PATH_ENV
 
 #: Holds the sitecustomize.py every launched Python process runs at start-up.
 ATTACH_DIR = Path(rankscope.__file__).resolve().parent / "_attach"
@@ -41,14 +42,14 @@ def child_env(settings: AttachSettings, base: dict[str, str] | None = None) -> d
     env["RANKSCOPE_ATTACH"] = "1"
     env["RANKSCOPE_JOB"] = settings.job
     env["RANKSCOPE_AGENT"] = settings.agent_endpoint
-    env["RANKSCOPE_DUMP_PATH"] = str(settings.dump_path)
+    env[DUMP_PATH_ENV] = str(settings.dump_path)
     env["RANKSCOPE_ON_TERMINATE"] = settings.on_terminate
     if settings.attach_reports is not None:
         env[attach_report.ENV_VAR] = str(settings.attach_reports)
     else:
         env.pop(attach_report.ENV_VAR, None)
     if settings.config_path is not None:
-        env["RANKSCOPE_CONFIG"] = str(settings.config_path)
+        env[CONFIG_ENV] = str(settings.config_path)
     else:
-        env.pop("RANKSCOPE_CONFIG", None)
+        env.pop(CONFIG_ENV, None)
     return env

@@ -17,14 +17,14 @@ class UsageError(Exception):
 
 
 def check_config(config: Path | None, on_divergence: str | None) -> dict:
-    """The ``cluster`` section the coordinator runs with, after checking every section of
-    the file (the ranks read the same file: a field they would reject fails here)."""
+    """The job's config (``rankscope.config.job.job_config``), after checking every
+    section of the file (the ranks read it: a field they would reject fails here)."""
     from rankscope.config.errors import ConfigError
     from rankscope.config.file import read_config_file
-    from rankscope.config.job import job_cluster_section
+    from rankscope.config.job import job_config
     from rankscope.config.rdr import resolve_rdr
     try:
-        cluster = job_cluster_section(config, on_divergence)
+        job = job_config(config, on_divergence)
     except ConfigError as exc:
         raise UsageError(f"--config {config}: {exc.reason if exc.field == 'config_path' else exc}") from None
     try:
@@ -34,7 +34,7 @@ def check_config(config: Path | None, on_divergence: str | None) -> dict:
         if exc.field.startswith("MS_RDR"):
             raise UsageError(f"environment variable {exc.field}={exc.value!r}: {exc.reason}") from None
         raise UsageError(f"--config {config}: {exc}") from None
-    return cluster
+    return job
 
 
 def resolve_command(cmd: list[str], path: str | None) -> list[str]:

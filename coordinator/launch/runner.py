@@ -42,9 +42,11 @@ def print_loud(msg: str) -> None:
 class Launch:
     """Owns every process the launch started, so each one is cleaned up on any exit."""
 
-    def __init__(self, args: argparse.Namespace, cluster: dict) -> None:
+    def __init__(self, args: argparse.Namespace, job_config: dict) -> None:
         self.args = args
-        self.cluster = cluster
+        #: The job's config (rankscope.config.job.job_config): every rank reads it.
+        self.job_config = job_config
+        self.cluster = job_config["cluster"]
         self.job = args.job or f"job-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
         self.export_dir: Path = args.export_dir.resolve()
         self.runtime_dir = Path(tempfile.mkdtemp(prefix="rankscope-"))
@@ -66,7 +68,7 @@ class Launch:
         from rankscope.coordinator.server.client import Coordinator, connect_ray
         self.started_ray = connect_ray(self.args.address, verbose=bool(getattr(self.args, "verbose", False)))
         self.coordinator = Coordinator.start(str(self.export_dir), self.cluster, job=self.job,
-                                             name=f"rankscope-{self.job}")
+                                             name=f"rankscope-{self.job}", config=self.job_config)
         endpoint = self.coordinator.endpoint()
         self.say(f"coordinator up on {endpoint} (job {self.job}, on divergence: "
                  f"{self.cluster['on_divergence']})")
@@ -126,7 +128,7 @@ class Launch:
 
     def run_command(self, agent_endpoint: str) -> int:
         settings = AttachSettings(job=self.job, agent_endpoint=agent_endpoint,
-                                  dump_path=self.export_dir / "local_dump", config_path=self.args.config,
+                                  dump_path=self.export_dir / "local_dump", config_path=self.write_job_config(),
                                   on_terminate=self.cluster.get("on_terminate", "raise"),
                                   attach_reports=self.attach_watch.folder)
         cmd = self.args.cmd
@@ -166,6 +168,38 @@ class Launch:
         rc = self.cmd_proc.wait()
         self.attach_watch.poll()
         return rc
+
+    def write_job_config(self) -> Path:
+        """The job's config where every rank's RANKSCOPE_CONFIG points."""
+        import json
+
+        from rankscope.wire.job_config import FILE_NAME
+        path = self.runtime_dir / FILE_NAME
+        path.write_text(json.dumps(self.job_config, indent=1), encoding="utf-8")
+        return path
+
+    def take_job_config(self, agent_endpoint: str, timeout_s: float = 20.0) -> None:
+        """--agent: the coordinator's config (relayed by this host's node agent) is the
+        job's, so the ranks here capture what every other node's ranks capture."""
+        from rankscope.config.job import checked_job_config
+        from rankscope.wire.job_config import ask_agent
+        from rankscope.wire.transport import TransportError
+        try:
+            got = checked_job_config(ask_agent(agent_endpoint, self.job, timeout_s))
+        except TransportError as exc:
+            got, why = None, str(exc)
+        else:
+            why = f"it had none from the coordinator within {timeout_s:.0f} s"
+        mine = f"--config {self.args.config}" if self.args.config else "launch's defaults"
+        if got is None:
+            print_loud(f"WARNING: no job config from the node agent at {agent_endpoint} ({why}): "
+                       f"ranks on this node run with {mine}, which other nodes may not share")
+            return
+        if (self.args.config or self.args.on_divergence) and got != self.job_config:
+            print_loud(f"WARNING: {mine}{' and --on-divergence' if self.args.on_divergence else ''} "
+                       "differ from the coordinator's config: the coordinator's is in force on every node")
+        self.job_config, self.cluster = got, got["cluster"]
+        self.say("ranks take the coordinator's job config")
 
     # --- finish ----------------------------------------------------------------
     def finish(self, rc: int) -> int:

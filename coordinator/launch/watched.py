@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from rankscope.wire.attach_report import read_failures
+from rankscope.wire.attach_report import read_failures, read_notes
 
 #: Exit status when the command succeeded but some or all of its ranks ran unwatched
 #: (and the user did not pass --allow-unwatched): the run was not what was asked for.
@@ -37,8 +37,11 @@ class AttachWatch:
         self.folder = folder
         self.warn = warn
         self.failures: dict[int, dict[str, Any]] = {}
+        self.notes_seen: set[str] = set()
+        self.notes_said: set[str] = set()
 
     def poll(self) -> list[dict[str, Any]]:
+        self._poll_notes()
         new = [n for pid, n in read_failures(self.folder).items() if pid not in self.failures]
         warned = {_who(n) for n in self.failures.values()}
         for note in new:
@@ -49,6 +52,17 @@ class AttachWatch:
             self.warn(f"{rank_name(note.get('rank'), note.get('pid'))} failed to attach and runs UNWATCHED "
                       f"(pid {note.get('pid')} on {note.get('host')}): {note.get('reason')}")
         return new
+
+
+    def _poll_notes(self) -> None:
+        """Notes about ranks' settings: each distinct text once, however many ranks left it."""
+        for name, note in read_notes(self.folder).items():
+            if name in self.notes_seen:
+                continue
+            self.notes_seen.add(name)
+            if note["text"] not in self.notes_said:
+                self.notes_said.add(note["text"])
+                self.warn(f"{note['text']} (pid {note.get('pid')} on {note.get('host')})")
 
 
 def heard_from(info: dict[str, Any]) -> bool:

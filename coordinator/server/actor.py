@@ -24,14 +24,14 @@ log = logging.getLogger(__name__)
 
 class _CoordinatorActor:
     def __init__(self, export_dir: str, cluster: dict, bind: str, job: str | None,
-                 curve: dict | None = None) -> None:
+                 curve: dict | None = None, config: dict | None = None) -> None:
         from rankscope.coordinator.server.service import CoordinatorService
         keys = None
         if curve:
             from rankscope.wire.transport import CurveKeys
             keys = CurveKeys(**curve)
         self._svc = CoordinatorService(export_dir, cluster, bind=bind, job=job, curve=keys,
-                                       ray_metrics=True)
+                                       ray_metrics=True, config=config)
         self._endpoint = self._svc.start()
 
     def endpoint(self) -> str:
@@ -62,13 +62,14 @@ class _CoordinatorActor:
 def start_coordinator(export_dir: str, cluster: dict, *, name: str = DEFAULT_NAME,
                       namespace: str = DEFAULT_NAMESPACE, bind: str = "tcp://127.0.0.1:0",
                       detached: bool = False, job: str | None = None, curve: dict | None = None,
-                      ) -> "ray.actor.ActorHandle":
+                      config: dict | None = None) -> "ray.actor.ActorHandle":
     """Start the named coordinator actor, or join it if one of that name is already
     running (then ``export_dir``/``cluster``/``bind`` of the running one apply).
 
     Returns the actor handle once its front end is bound (``endpoint()`` answers).
     ``detached`` keeps it alive past this driver. ``curve``: CurveKeys fields
-    (public, secret, allow_dir) for a non-loopback ``bind``.
+    (public, secret, allow_dir) for a non-loopback ``bind``. ``config``: the job's whole
+    config (``rankscope.config.job.job_config``), handed to every node agent.
     """
     if not ray.is_initialized():
         ray.init(namespace=namespace, include_dashboard=False)
@@ -85,7 +86,7 @@ def start_coordinator(export_dir: str, cluster: dict, *, name: str = DEFAULT_NAM
         if detached:
             opts["lifetime"] = "detached"
         handle = ray.remote(_CoordinatorActor).options(**opts).remote(
-            str(export_dir), dict(cluster or {}), bind, job, curve)
+            str(export_dir), dict(cluster or {}), bind, job, curve, config)
     ray.get(handle.endpoint.remote())  # surfaces a bind or settings error here, not later
     return handle
 

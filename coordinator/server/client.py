@@ -135,12 +135,12 @@ class Coordinator:
     @classmethod
     def start(cls, export_dir: str, cluster: dict, *, name: str = DEFAULT_NAME,
               namespace: str = DEFAULT_NAMESPACE, bind: str = "tcp://127.0.0.1:0", detached: bool = False,
-              job: str | None = None, curve: dict | None = None) -> "Coordinator":
+              job: str | None = None, curve: dict | None = None, config: dict | None = None) -> "Coordinator":
         """Start the named coordinator (or join the running one of that name)."""
         from rankscope.coordinator.server.actor import start_coordinator
         try:
             handle = start_coordinator(export_dir, cluster, name=name, namespace=namespace, bind=bind,
-                                       detached=detached, job=job, curve=curve)
+                                       detached=detached, job=job, curve=curve, config=config)
         except Exception as exc:  # noqa: BLE001 - a bind or settings error inside the actor
             raise CoordinatorError(f"the coordinator did not start: {_cause(exc)}") from None
         return cls(handle, name, namespace)

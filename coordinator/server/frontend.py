@@ -81,6 +81,8 @@ class Frontend:
         self.first_step_wall: float | None = None
         self.last_step_wall: float | None = None
         self._seq = protocol.SeqCounter()
+        #: A STATUS body every agent gets once, when it is first heard (the job's config).
+        self.greeting: dict | None = None
         self._calls: queue.SimpleQueue = queue.SimpleQueue()
         self._stop = threading.Event()
         self._ready = threading.Event()
@@ -165,6 +167,15 @@ class Frontend:
                 if exc.errno == zmq.EHOSTUNREACH:
                     self.peers.pop(peer.identity, None)
 
+    def _greet(self, peer: Peer) -> None:
+        if self.greeting is None:
+            return
+        frame = protocol.encode(Message(protocol.STATUS, "", "coordinator", self._seq(), self.greeting))
+        try:
+            self._sock.send_multipart([peer.identity, frame], flags=zmq.NOBLOCK)
+        except zmq.ZMQError as exc:  # the agent is asked again if it reconnects as a new peer
+            log.warning("job config not delivered to %r: %s", peer.identity, exc)
+
     def send_acks(self) -> None:
         """Tell each agent what arrived, per sender: its spool may drop those frames."""
         for peer in list(self.peers.values()):
@@ -247,6 +258,7 @@ class Frontend:
             peer = self.peers.get(ident)
             if peer is None:
                 peer = self.peers[ident] = Peer(ident, now)
+                self._greet(peer)
             peer.last_seen = now
             if msg.seq > peer.high.get(msg.src, -1):
                 peer.high[msg.src] = msg.seq

@@ -18,7 +18,7 @@ from rankscope.coordinator.logic.identities import JobIdentities
 from rankscope.coordinator.server.actions import ActionPerformer
 from rankscope.coordinator.server.frontend import Frontend, Handlers, Peer
 from rankscope.coordinator.server.metrics import CoordinatorMetrics
-from rankscope.wire import protocol
+from rankscope.wire import job_config, protocol
 from rankscope.wire.layout import rank_from_wire
 from rankscope.wire.protocol import Message
 from rankscope.wire.sync import SyncPoint
@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 class CoordinatorService(Handlers):
     def __init__(self, export_dir: str | Path, cluster: dict | None = None, *,
                  bind: str = "tcp://127.0.0.1:0", job: str | None = None, curve: Any = None,
-                 tick_s: float = 0.05, ray_metrics: bool = False) -> None:
+                 tick_s: float = 0.05, ray_metrics: bool = False, config: dict | None = None) -> None:
         from rankscope.config.cluster import parse_cluster
         from rankscope.coordinator.logic.core import CoordinatorCore
 
@@ -49,6 +49,10 @@ class CoordinatorService(Handlers):
         if ray_metrics:
             self.metrics.enable_ray()
         self.frontend = Frontend(self, bind, curve=curve, job=self.job, tick_s=tick_s)
+        # The job's whole config (msProbe fields, rdr, this cluster section): every node
+        # agent is greeted with it, and launch --agent hands it to that node's ranks.
+        self.job_config = {**(config or {}), "cluster": cluster}
+        self.frontend.greeting = job_config.body(self.job_config)
         self.actions = ActionPerformer(self.core, self.export_dir, self._send_control)
         self.collector = None  # rankscope.coordinator.server.dump_collect.DumpCollector, created on first collect
         self.last_judged_step = -1

@@ -65,9 +65,9 @@ def test_bad_cluster_field_is_rejected_before_anything_starts(tmp_path):
 def test_flag_overrides_config_action(tmp_path):
     cfg = tmp_path / "c.json"
     cfg.write_text(json.dumps({"cluster": {"on_divergence": "continue"}}))
-    assert load_cluster_section(cfg, "terminate")["on_divergence"] == "terminate"
-    assert load_cluster_section(cfg, None)["on_divergence"] == "continue"
-    assert load_cluster_section(None, None)["on_divergence"] == "pause"
+    assert load_cluster_section(cfg, "terminate")["cluster"]["on_divergence"] == "terminate"
+    assert load_cluster_section(cfg, None)["cluster"]["on_divergence"] == "continue"
+    assert load_cluster_section(None, None) == {"level": "L0", "cluster": {"on_divergence": "pause"}}
 
 
 def test_parser_keeps_the_command_verbatim():
