@@ -7,6 +7,9 @@ gives every live process of a job a unique id:
 - a claim nobody else holds is kept as is; "holds" means alive, or finished cleanly:
   a process that finished keeps its id for the job (a later worker claiming it would
   write into its dump folder), while a *lost* rank's id may be taken by its restart;
+- a data-parallel worker that is alone in its world (world size 1 or unknown, rank 0 or
+  none) and reports a DP index asks for that index as its id, so ids follow the
+  server's worker order even when the workers register seconds apart;
 - claimants of one id are ordered by (DP index, device id, pid) -- what they report,
   so the order does not depend on who connected first -- the first keeps the id, the
   others get the lowest ids that no process claims or ever held.
@@ -63,7 +66,13 @@ class RankEntry:
 
     @property
     def wanted(self) -> int | None:
-        return self.prefer if self.prefer is not None else self.claimed_rank
+        if self.prefer is not None:
+            return self.prefer
+        if self.dp_index is not None and self.claimed_rank in (0, None) and (self.world_size or 1) == 1:
+            # A data-parallel worker alone in its own world (every one says rank 0): its
+            # index in the server's worker order is its id, whenever it registers.
+            return self.dp_index
+        return self.claimed_rank
 
     def sort_key(self) -> tuple:
         # Reported placement first (absent sorts last), pid breaks ties.

@@ -50,6 +50,26 @@ def test_all_claim_zero_ordered_by_dp_index_not_arrival():
     assert results == {((10, 1), (20, 0), (30, 2))}
 
 
+def test_lone_dp_workers_take_their_dp_index_however_late_they_register():
+    # Workers of a DP server each say rank 0 in a world of 1; they register seconds apart.
+    clock = Clock()
+    reg = RankRegistry(settle_s=0.3, clock=clock)
+    got = {}
+    for pid, dp in ((30, 2), (10, 1), (20, 0)):  # the server started them in reverse
+        reg.claim(f"id{pid}".encode(), "j", _info(pid, 0, dp_index=dp, world_size=1))
+        clock.t += 5.0
+        got.update({e.pid: (e.assigned_rank, e.remapped) for e in reg.due()})
+    assert got == {30: (2, True), 10: (1, True), 20: (0, False)}
+
+
+def test_dp_index_only_orders_ranks_of_a_larger_world():
+    # Tensor-parallel ranks inside DP workers keep their claims; the index orders clashes only.
+    _, got = _assign([(1, 1, {"dp_index": 3, "world_size": 8}), (2, 0, {"dp_index": 3, "world_size": 8})])
+    assert got == {1: 1, 2: 0}
+    _, got = _assign([(5, 0, {"dp_index": 1, "world_size": 4}), (6, 0, {"dp_index": 0, "world_size": 4})])
+    assert got == {6: 0, 5: 1}
+
+
 def test_device_id_then_pid_break_ties():
     _, got = _assign([(5, 0, {"device_id": 3}), (6, 0, {"device_id": 1}), (4, 0, {}), (3, 0, {})])
     # device 1 keeps the claim; then device 3; then the ones without placement, by pid
@@ -58,15 +78,15 @@ def test_device_id_then_pid_break_ties():
 
 def test_fresh_ids_skip_ids_that_others_claim():
     # Two claim 0, one claims 1: the second claimant of 0 must not take 1.
-    _, got = _assign([(1, 0, {"dp_index": 0}), (2, 0, {"dp_index": 1}), (3, 1, {})])
+    _, got = _assign([(1, 0, {"device_id": 0}), (2, 0, {"device_id": 1}), (3, 1, {})])
     assert got == {1: 0, 3: 1, 2: 2}
 
 
 def test_late_clash_gets_a_fresh_id_and_answered_ids_are_never_taken_back():
-    reg, got = _assign([(1, 0, {"dp_index": 5})])
+    reg, got = _assign([(1, 0, {"device_id": 5})])
     assert got == {1: 0}
     clock = reg._clock
-    reg.claim(b"late", "j", _info(2, 0, dp_index=0))  # sorts first, but 0 was already answered
+    reg.claim(b"late", "j", _info(2, 0, device_id=0))  # sorts first, but 0 was already answered
     clock.t += 1.0
     late = reg.due()
     assert [(e.pid, e.assigned_rank, e.remapped) for e in late] == [(2, 1, True)]
