@@ -293,3 +293,21 @@ def test_stacks_are_asked_of_the_others_only_when_a_rank_ends_badly_and_never_af
     world.kill(22, signal.SIGKILL)
     core.on_pid_exit(22)
     assert world.signals == [(23, signal.SIGUSR2)]
+
+
+def test_the_coordinators_job_config_is_kept_and_handed_to_whoever_asks(tmp_path):
+    from rankscope.wire import job_config
+    core, _ = make(tmp_path)
+    ask = encode(Message(protocol.STATUS, "j", "launch:1", 0, job_config.body(None)))
+    core.on_rank_frame(b"launch", ask)
+    (ident, frame), = core.take().to_ranks
+    answer = protocol.Decoder().decode(frame)
+    assert ident == b"launch" and answer.body == job_config.body(None)  # not heard yet: ask again
+    config = {"level": "L0", "cluster": {"on_divergence": "export", "sentinels": False}}
+    core.on_coordinator_frame(encode(Message(protocol.STATUS, "", "coordinator", 0, job_config.body(config))))
+    bad = {"level": "L9", "cluster": {}}  # never replaces a usable one
+    core.on_coordinator_frame(encode(Message(protocol.STATUS, "", "coordinator", 1, job_config.body(bad))))
+    core.on_rank_frame(b"launch", ask)
+    (_, frame), = core.take().to_ranks
+    assert job_config.config_of(protocol.Decoder().decode(frame).body) == config
+    assert core.registry.entries() == []  # asking is not registering
