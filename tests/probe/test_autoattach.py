@@ -105,8 +105,10 @@ def test_explicit_debugger_under_launch_is_not_hooked_twice(tmp_path):
         debugger_setup="from agent import PrecisionDebugger\n    dbg = PrecisionDebugger(level='L0')",
         debugger_start="dbg.start(net)", debugger_end="dbg.stop(); dbg.step()")
     run(script, tmp_path)
-    assert not (tmp_path / "dump").exists()  # the session stood down before training
-    got = dumps(tmp_path, "dump_path")  # the script's own (default) dump path
+    # No dump_path given: under launch the debugger dumps where launch says, not in
+    # msProbe's ./dump_path (the session stood down: one set of hooks, checked below).
+    assert not (tmp_path / "dump_path").exists()
+    got = dumps(tmp_path, "dump")
     assert sorted(got) == [0, 1, 2]
     for data in got.values():
         assert "Cell.fc1.Dense.forward.0" in data
