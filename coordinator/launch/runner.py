@@ -170,12 +170,17 @@ class Launch:
         return rc
 
     def write_job_config(self) -> Path:
-        """The job's config where every rank's RANKSCOPE_CONFIG points."""
+        """The job's config where every rank's RANKSCOPE_CONFIG points. Without the
+        file's ``cluster.agent``/``cluster.job``: launch tells each rank its node agent and
+        job (RANKSCOPE_AGENT, RANKSCOPE_JOB), and a config travelling to every node must not
+        point them all at one host's agent."""
         import json
 
         from rankscope.wire.job_config import FILE_NAME
+        ranks = {**self.job_config, "cluster": {k: v for k, v in self.job_config["cluster"].items()
+                                                if k not in ("agent", "job")}}
         path = self.runtime_dir / FILE_NAME
-        path.write_text(json.dumps(self.job_config, indent=1), encoding="utf-8")
+        path.write_text(json.dumps(ranks, indent=1), encoding="utf-8")
         return path
 
     def take_job_config(self, agent_endpoint: str, timeout_s: float = 20.0) -> None:

@@ -20,7 +20,8 @@ pytestmark = pytest.mark.timeout(120)
 
 def test_launch_on_another_node_gets_the_coordinators_whole_config(tmp_path, capsys):
     cfg = tmp_path / "c.json"
-    cfg.write_text('{"level": "mix", "cluster": {"sentinels": false, "flight_recorder_steps": 3, '
+    cfg.write_text('{"level": "mix", "cluster": {"agent": "ipc:///node0/agent.sock", "sentinels": false, '
+                   '"flight_recorder_steps": 3, '
                    '"groups": "replicas", "detectors": {"outlier": {"z": 9.0}}}}')
     job = job_config(cfg, "export")
     svc = CoordinatorService(tmp_path / "out", job["cluster"], job="j", config=job)
@@ -41,7 +42,9 @@ def test_launch_on_another_node_gets_the_coordinators_whole_config(tmp_path, cap
             written = json.loads(launch.write_job_config().read_text())
         finally:
             shutil.rmtree(launch.runtime_dir, ignore_errors=True)
-        assert launch.job_config == written == job and launch.cluster["on_divergence"] == "export"
+        assert launch.job_config == job and launch.cluster["on_divergence"] == "export"
+        # the ranks' copy: the same, less where one host's agent is (each node's launch says its own)
+        assert written == {**job, "cluster": {k: v for k, v in job["cluster"].items() if k != "agent"}}
         assert "differ from the coordinator's config: the coordinator's is in force" in capsys.readouterr().err
     finally:
         if agent is not None:
