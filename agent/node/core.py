@@ -30,7 +30,8 @@ from rankscope.node.relay import ControlRelay
 from rankscope.node.settings import AgentSettings
 from rankscope.node.stacks import StackRequests
 from rankscope.wire import protocol
-from rankscope.wire.layout import rank_to_wire, safe_id
+from rankscope.wire.layout import position_file, rank_to_wire, safe_id
+from rankscope.wire.position import read_position
 from rankscope.wire.protocol import Message, encode
 from rankscope.wire.rank_map import write_rank_map
 
@@ -197,6 +198,7 @@ class NodeCore:
             # A clean end, or the exit the coordinator asked for (on_terminate=exit).
             e.exit_status = exit_status
             self.registry.finish(e)
+            self._position(e)  # nothing to report: only the file goes
             self.bundles.retire(e)
             self._up_own(protocol.STATUS, e.job, {"what": "finished", "detail": {
                 "rank": e.assigned_rank, "step": e.last_step, "pid": e.pid}})
@@ -309,10 +311,17 @@ class NodeCore:
                 "died_at": self.wall() if died_at is None else died_at,
                 "signal": -exit_status if exit_status is not None and exit_status < 0 else None,
                 "sync": e.extra.get("sync")}
+        position = self._position(e)
+        if position is not None:
+            body["position"] = position
         if e.extra.get("exception"):
             body["exception"] = e.extra["exception"]
         self._up_own(protocol.RANK_LOST, e.job, body)
         self.publish_map(e.job)
+
+    def _position(self, e: RankEntry) -> dict[str, int] | None:
+        """The (step, token) a local rank last began, read from (and removing) its file."""
+        return read_position(position_file(e.job, e.pid)) if e.host == self.host else None
 
     def watched_pids(self) -> set[int]:
         """Local processes whose end the loop should be told about at once."""

@@ -90,11 +90,17 @@ def format_verdict(incident: dict[str, Any]) -> str:
         f"  detector : {shown(incident.get('detector'))}",
         f"  step     : {shown(incident.get('step'))}" + ("  (the first step it did not complete)" if failed else ""),
     ]
+    if incident.get("token") is not None:
+        lines.append(f"  token    : {incident['token']}  (forward call of the root model within the step)")
     if failed:
         lines.append(f"  how      : {what_of(incident)}")
         followers = ev.get("followers") or []
         if followers:
             lines.append("  followers: " + ", ".join(_follower(f) for f in followers) + "  (taken down after it)")
+        others = ev.get("others") or []
+        if others:
+            lines.append("  others   : " + ", ".join(
+                f"rank {o['rank']} {o['state']} (began step {shown(o.get('started'))})" for o in others))
     else:
         lines.append(f"  tensor   : {incident.get('tensor') or '—'}")
     rule = ev.get("rule")
