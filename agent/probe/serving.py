@@ -133,15 +133,16 @@ class ServingDriver:
         self.errors = 0
         # Registered before start(): it must run before the token counter's pre-hook,
         # so a new batch's count restarts before its prefill is counted.
-        self._handle = compile_guard.register(root, self._pre, pre=True)
+        self._handle = compile_guard.register(root, self._pre, pre=True, prepend=True, with_kwargs=True)
         dbg.start(root, token_range=self.token_range)
         atexit.register(self._at_exit)
+        _at_child_exit(self._at_exit)
 
-    def _pre(self, cell: Any, args: tuple) -> None:
+    def _pre(self, cell: Any, args: tuple, kwargs: dict) -> None:
         if self.retired:
             return None
         try:
-            if self.boundary.new_batch(input_shape(args, {})):
+            if self.boundary.new_batch(input_shape(args, kwargs or {})):
                 if self.batches:
                     self._end_batch()
                     self.dbg.start(self.root, token_range=self.token_range)
@@ -175,14 +176,25 @@ class ServingDriver:
         except Exception as exc:  # noqa: BLE001
             self.dbg.recorder.error("retiring the serving watch", exc)
 
-    def _at_exit(self) -> None:
+    def _at_exit(self, close_client: bool = False) -> None:
         if self.retired or self.dbg.closed or not self.batches:
             return
         try:
             self.retired = True
             self._end_batch()
+            if close_client and self.dbg.client is not None:
+                self.dbg.client.close()  # its own exit handler will not run: send the batch now
         except BaseException:  # noqa: BLE001 - exiting anyway
             pass
+
+
+def _at_child_exit(fn: Callable[..., None]) -> None:
+    """A multiprocessing worker leaves through ``os._exit`` when forked (no atexit), and
+    runs multiprocessing's finalizers first either way: end the last batch there."""
+    import multiprocessing
+    from multiprocessing import util
+    if multiprocessing.parent_process() is not None:
+        util.Finalize(None, fn, kwargs={"close_client": True}, exitpriority=100)
 
 
 def found_line(cls_name: str) -> str:
