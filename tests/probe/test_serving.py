@@ -93,3 +93,43 @@ def test_the_finder_leaves_a_process_that_trains(ms_cells):
     finder.install()
     nn.Dense(2, 2)(ms.Tensor(np.ones((1, 2), np.float32)))
     assert not found and nn.Cell.__call__ is orig
+
+
+def test_the_driver_makes_one_step_per_request_batch_with_its_tokens(ms_cells, tmp_path):
+    # A real debugger and model, no node agent: batches of different shapes, KV-cache
+    # style decode calls, a keyword-only call, then the exit that ends the last batch.
+    import json
+
+    ms, nn = ms_cells
+    from rankscope import PrecisionDebugger
+    from rankscope.probe.serving import ServingDriver
+
+    class Net(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Embedding(16, 4)
+            self.head = nn.Dense(4, 16)
+
+        def construct(self, ids=None):
+            return self.head(self.emb(ids))
+
+    dbg = PrecisionDebugger(dump_path=str(tmp_path / "d"), task="statistics", level="L0")
+    try:
+        net = Net()
+        drv = ServingDriver(dbg, net, (1, 2))  # record decode calls 1 and 2 only
+        ids = lambda b, t: ms.Tensor(np.ones((b, t), np.int32))  # noqa: E731
+        for b, prompt in ((2, 5), (3, 4)):
+            net(ids(b, prompt))
+            for _ in range(3):
+                net(ids=ids(b, 1))
+        assert dbg.current_step == 1 and drv.batches == 2
+        drv._at_exit()
+        assert dbg.current_step == 2 and drv.retired
+        net(ids(1, 7))  # after the end nothing more is counted
+        assert dbg.current_step == 2
+    finally:
+        dbg.close()
+    for step in (0, 1):
+        data = json.loads(next((tmp_path / "d" / f"step{step}").glob("*/dump.json")).read_text())["data"]
+        assert sorted(k for k in data if k.startswith("Cell.head.")) == \
+            ["Cell.head.Dense.forward.0", "Cell.head.Dense.forward.1"]  # tokens 1 and 2
