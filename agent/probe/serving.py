@@ -20,7 +20,9 @@ thread (so a pause holds the worker there, between batches); the last batch ends
 exit. A root whose first argument has no shape never starts a new batch.
 
 Never breaks the server: nothing here runs while MindSpore compiles (a GRAPH-mode
-root is reported, not hooked), every hook swallows its own errors.
+root is reported, not hooked), every hook swallows its own errors. The one exception
+that reaches the worker is ``RankscopeTerminated`` at a batch boundary, when the job is
+terminated (``on_divergence: terminate`` or ``rankscope terminate``), as in training.
 """
 from __future__ import annotations
 
@@ -31,6 +33,7 @@ import threading
 from typing import Any, Callable
 
 from rankscope.probe import compile_guard
+from rankscope.probe.gate import RankscopeTerminated
 
 #: ``token_range`` when the config gives none: every forward call is recorded.
 ALL_TOKENS = (0, 2**31 - 1)
@@ -147,6 +150,8 @@ class ServingDriver:
                     self._end_batch()
                     self.dbg.start(self.root, token_range=self.token_range)
                 self.batches += 1
+        except RankscopeTerminated:
+            raise  # the operator's (or the config's) terminate: the one exception meant for the worker
         except Exception as exc:  # noqa: BLE001 - the server goes on
             self.errors += 1
             self.dbg.recorder.error("serving batch boundary", exc)
