@@ -68,8 +68,8 @@ class PositionWriter:
             if self._map is not None:
                 self._map.close()
             if remove:
-                os.unlink(self.path)
-        except (OSError, ValueError, BufferError):
+                _remove(self.path)
+        except (ValueError, BufferError):
             pass
         self._map = None
 
@@ -92,11 +92,17 @@ def read_position(path: str, remove: bool = True) -> dict[str, int] | None:
     except OSError:
         return None
     if remove:
-        try:
-            os.unlink(path)
-        except OSError:
-            pass
+        _remove(path)
     if len(data) != _SIZE:
         return None
     pos = unpack(int.from_bytes(data, sys.byteorder, signed=True))
     return None if pos is None else {"step": pos[0], "token": pos[1]}
+
+
+def _remove(path: str) -> None:
+    """The file, and the job's folder once its last rank's file is gone."""
+    try:
+        os.unlink(path)
+        os.rmdir(os.path.dirname(path))
+    except OSError:
+        pass  # other ranks of the job still have theirs

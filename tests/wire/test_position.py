@@ -51,3 +51,12 @@ def test_the_wire_form_is_checked():
 
 def test_the_file_is_named_by_job_and_pid():
     assert position_file("job/1", 42).endswith("job_1/42.pos")
+
+
+def test_the_jobs_folder_goes_with_its_last_file(tmp_path):
+    a, b = PositionWriter(str(tmp_path / "job" / "1.pos")), PositionWriter(str(tmp_path / "job" / "2.pos"))
+    a.write(0, 1)
+    assert read_position(a.path) == {"step": 0, "token": 1}
+    assert (tmp_path / "job").is_dir()  # rank 2 still keeps its file there
+    b.close()
+    assert not (tmp_path / "job").exists()
