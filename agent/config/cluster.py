@@ -79,6 +79,9 @@ class ClusterSettings:
     #: Compiled code (GRAPH mode, @ms.jit) is watched through MindSpore's kernel dump:
     #: "default" (the gradient AllReduce and MatMul), "all", "off", or a list of op types.
     graph_kernels: str | tuple[str, ...] = "default"
+    #: Zero-code serving: the root model's forward calls a..b of each request batch to
+    #: record (``start(model, token_range=...)``'s meaning); None records every call.
+    token_range: tuple[int, int] | None = None
     #: The section as written (validated): what a process hands on to another.
     section: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
@@ -124,6 +127,8 @@ def parse_cluster(section: Mapping[str, Any] | None) -> ClusterSettings:
             kw[key] = val
         elif key == "graph_kernels":
             kw[key] = _parse_graph_kernels(val)
+        elif key == "token_range":
+            kw[key] = _parse_token_range(val)
         elif key == "detectors":
             if val is not None:
                 kw[key] = parse_detectors(val)
@@ -131,6 +136,15 @@ def parse_cluster(section: Mapping[str, Any] | None) -> ClusterSettings:
             if val is not None:
                 kw[key] = parse_watchpoints(val, fld)
     return ClusterSettings(section=sec, **kw)
+
+
+def _parse_token_range(val: Any) -> tuple[int, int] | None:
+    if val is None:
+        return None
+    if not isinstance(val, (list, tuple)) or len(val) != 2 or not all(is_int(v) for v in val) \
+            or not 0 <= val[0] <= val[1]:
+        raise ConfigError("cluster.token_range", val, "expected [start, end] with 0 <= start <= end, or null")
+    return int(val[0]), int(val[1])
 
 
 def _parse_graph_kernels(val: Any) -> str | tuple[str, ...]:

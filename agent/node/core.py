@@ -31,7 +31,8 @@ from rankscope.node.relay import ControlRelay
 from rankscope.node.settings import AgentSettings
 from rankscope.node.stacks import StackRequests
 from rankscope.wire import job_config, protocol
-from rankscope.wire.layout import rank_to_wire, safe_id
+from rankscope.wire.layout import position_file, rank_to_wire, safe_id
+from rankscope.wire.position import read_position
 from rankscope.wire.protocol import Message, encode
 from rankscope.wire.rank_map import write_rank_map
 
@@ -45,7 +46,6 @@ EXIT_GRACE_S = 0.3
 BYE_WAIT_S = 5.0
 LIVENESS_EVERY_S = 0.2
 STATUS_EVERY_S = 2.0
-
 
 
 class NodeCore:
@@ -71,12 +71,10 @@ class NodeCore:
         self.out = Outbox()
         # id(entry) -> (first seen dead, Lost, wall time of the death)
         self._dying: dict[int, tuple[float, Lost, float]] = {}
-        self._next_liveness = 0.0
         self.exports = RecentExports(self.clock)
         self.held = HeldAnswers(settings.assign_wait_s if settings.coordinator else 0.0)
-        self._next_status = 0.0
-        #: The job's config as the coordinator greeted us with it; launch --agent asks for it.
-        self.job_config: dict | None = None
+        self._next_liveness = self._next_status = 0.0
+        self.job_config: dict | None = None  # as the coordinator greeted us; launch --agent asks
 
     def take(self) -> Outbox:
         out, self.out = self.out, Outbox()
@@ -202,6 +200,7 @@ class NodeCore:
             # A clean end, or the exit the coordinator asked for (on_terminate=exit).
             e.exit_status = exit_status
             self.registry.finish(e)
+            self._position(e)  # nothing to report: only the file goes
             self.bundles.retire(e)
             self._up_own(protocol.STATUS, e.job, {"what": "finished", "detail": {
                 "rank": e.assigned_rank, "step": e.last_step, "pid": e.pid}})
@@ -314,10 +313,14 @@ class NodeCore:
                 "died_at": self.wall() if died_at is None else died_at,
                 "signal": -exit_status if exit_status is not None and exit_status < 0 else None,
                 "sync": e.extra.get("sync")}
-        if e.extra.get("exception"):
-            body["exception"] = e.extra["exception"]
+        extras = {"position": self._position(e), "exception": e.extra.get("exception")}
+        body.update({k: v for k, v in extras.items() if v})
         self._up_own(protocol.RANK_LOST, e.job, body)
         self.publish_map(e.job)
+
+    def _position(self, e: RankEntry) -> dict[str, int] | None:
+        """The (step, token) a local rank last began, read from (and removing) its file."""
+        return read_position(position_file(e.job, e.pid)) if e.host == self.host else None
 
     def watched_pids(self) -> set[int]:
         """Local processes whose end the loop should be told about at once."""

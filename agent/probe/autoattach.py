@@ -10,7 +10,9 @@ sentinels) and finds what user code would have passed:
 - the model: the Cell a ``value_and_grad`` function differentiates (the function itself,
   or the smallest Cell in its closure/globals holding all the weights), or the network
   given to ``Model``;
-- step boundaries: the end of each optimizer call, or the Model.train callback.
+- step boundaries: the end of each optimizer call, or the Model.train callback;
+- or, in a process that never trains (an inference server's worker), the root Cell its
+  decode loop calls, one step per request batch (:mod:`rankscope.probe.serving`).
 
 A script that creates its own PrecisionDebugger takes over (:func:`yield_to_user`): the
 session detaches and hands over its node-agent connection, so nothing is hooked twice.
@@ -24,7 +26,7 @@ import sys
 import threading
 from typing import Any
 
-from rankscope.probe import compile_guard, handover
+from rankscope.probe import compile_guard, handover, serving
 
 _lock = threading.Lock()
 _session: "AutoSession | None" = None
@@ -154,20 +156,57 @@ class AutoSession:
         # constructors) already, so the objects the script creates next are seen.
         self._patch_model()
         self._patch_train_cell()
+        self.serving: serving.ServingDriver | None = None
+        self.finder = serving.ServingFinder(self._serving_wanted, self._serving_found)
+        try:
+            self.finder.install()
+        except Exception as exc:  # noqa: BLE001 - training is still watched
+            dbg.recorder.error("watching for a serving model", exc)
+
+    # ------------------------------------------------------------------ serving
+    def _trains(self) -> bool:
+        dbg = self.debugger
+        return bool(self.models or self.model_train or self.train_cells or dbg.sentinels.grad_fns_seen
+                    or any(True for _ in dbg.sentinels.optimizers))
+
+    def _serving_wanted(self) -> bool:
+        return self.serving is None and not self._trains() and not self.debugger.closed
+
+    def _serving_found(self, cell: Any, args: tuple, kwargs: dict) -> None:
+        from rankscope.probe.graph_watch import graph_mode
+        name = type(cell).__name__
+        dbg = self.debugger
+        dbg.graph.report.serving = name
+        if graph_mode():
+            serving.say(f"worker (pid {os.getpid()}): serving model {name} found, but it runs compiled (GRAPH mode): not watched")
+            return
+        self.serving = serving.ServingDriver(dbg, cell, dbg.config.cluster.token_range)
+        serving.say(serving.found_line(name))
+
+    def _leave_serving(self) -> None:
+        """A grad function or optimizer appeared: this process trains after all."""
+        self.finder.uninstall()
+        if self.serving is not None:
+            self.serving.retire()
+            self.debugger.graph.report.serving = None
 
     # ------------------------------------------------------------------ model
     def _on_grad_fn(self, fn: Any, weights: Any) -> None:
+        self._leave_serving()
         model = find_model(fn, weights)
         if model is not None:
             self.use_model(model)
 
     def use_model(self, model: Any) -> None:
+        self._leave_serving()
         if id(model) in self.models:
             return
         self.models.append(id(model))
         self.debugger.start(model)
 
     def _on_optimizer_done(self) -> None:
+        if self.serving is not None and not self.serving.retired:
+            self._leave_serving()
         if self.model_train or self.train_cells:
             return  # the callback / the TrainOneStepCell's own end marks the step
         dbg = self.debugger
@@ -251,6 +290,9 @@ class AutoSession:
         return None
 
     def close(self) -> None:
+        self.finder.uninstall()
+        if self.serving is not None:
+            self.serving.retire()
         for owner, attr, orig in reversed(self._patches):
             setattr(owner, attr, orig)
         self._patches.clear()

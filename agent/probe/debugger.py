@@ -27,7 +27,8 @@ from rankscope.probe.rank_env import device_side, env_int, make_flight_recorder,
 from rankscope.probe.sentinels import Sentinels
 from rankscope.probe.sync_tracker import SyncTracker
 from rankscope.probe.token_range import TokenCounter, TokenRangeHooks, check_token_range
-from rankscope.wire.layout import dump_label, rank_to_wire
+from rankscope.wire.layout import dump_label, position_file, rank_to_wire
+from rankscope.wire.position import PositionWriter
 from rankscope.wire.records import Kind, StepOutput
 
 log = logging.getLogger("rankscope.probe")
@@ -88,6 +89,7 @@ class PrecisionDebugger:
         self._started = False  # between start() and stop()
         self._token: TokenCounter | None = None
         self._token_hooks: TokenRangeHooks | None = None
+        self._position: Any = None  # PositionWriter once tokens are counted
         self._save_count: dict[str, int] = {}
         self.emit_errors = 0
         self.closed = False
@@ -221,6 +223,8 @@ class PrecisionDebugger:
         self._guard("closing the graph watch", self.graph.close)
         if self._token_hooks is not None:
             self._token_hooks.remove()
+        if self._position is not None:
+            self._position.close()
         for sink in self.sinks:
             try:
                 sink.close()
@@ -271,6 +275,10 @@ class PrecisionDebugger:
         # record's call index (``...forward.<n>``) to it to name the exact token.
         if in_range and self.recorder.token < 0:
             self.recorder.token = index
+        if self._position is None and self.client is not None:  # a node agent may need it
+            self._position = open_position(self.job)
+        if self._position is not None:
+            self._position.write(self.current_step, index)
         self._update_dumping()
 
     def _update_dumping(self) -> None:
@@ -384,3 +392,8 @@ class PrecisionDebugger:
             except Exception as exc:  # noqa: BLE001
                 self.emit_errors += 1
                 r.error(f"sink {type(sink).__name__}", exc)
+
+
+def open_position(job: str) -> PositionWriter:
+    """Where this rank's (step, token) is kept for its node agent to read after a crash."""
+    return PositionWriter(position_file(job, os.getpid()))

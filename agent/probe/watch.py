@@ -44,6 +44,7 @@ class WatchReporter:
         self.kernel_dump: str | None = None  # how the kernel dump is set, or None
         self.kernel_problem = ""  # why the kernel dump is not available
         self.silent = False  # handed over to the script's own debugger, which will say it
+        self.serving: str | None = None  # class of the forward-only model found, if any
 
     def current(self) -> Watch:
         if self.jit_steps:
@@ -60,12 +61,19 @@ class WatchReporter:
                 how = "hooks" + (" + the kernel dump for its jit parts" if self.kernel_dump
                                  else "; its jit parts are not watched")
                 return Watch(JIT, how, "" if self.kernel_dump else self.kernel_problem)
+            if self.serving:
+                return Watch(PYNATIVE, f"hooks on serving model {self.serving} (forward-only, "
+                             "one step per request batch)")
             return Watch(PYNATIVE, "hooks")
         if self.jit_compiles:
             return Watch(JIT, UNWATCHED, "the optimizer runs inside an @ms.jit function, so no step "
                          "boundary is visible from Python; the run went on untouched")
+        if self.serving:
+            return Watch(GRAPH, UNWATCHED, f"serving model {self.serving} runs compiled (GRAPH mode): "
+                         "forward-only compiled serving is not watched")
         return Watch("unknown", UNWATCHED, "no training step was recognised (no optimizer was called "
-                     "from Python and no compiled Cell containing one ran)")
+                     "from Python and no compiled Cell containing one ran) and no serving model was "
+                     "called forward from Python")
 
     def say(self, rank: Any, client: Any = None, final: bool = False) -> Watch | None:
         """Say the line now if not said yet (``final``: also when nothing was seen)."""

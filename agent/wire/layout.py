@@ -119,3 +119,10 @@ def safe_id(text: str, default: str = "export") -> str:
     """A transfer id or folder name the receiver accepts (letters, digits, ``_.-``)."""
     safe = _UNSAFE.sub("_", text)[:120] or default
     return safe if safe[0].isalnum() or safe[0] == "_" else "_" + safe[1:]
+
+
+def position_file(job: str, pid: int) -> str:
+    """Where a rank keeps its current (step, token) for its node agent to read after a
+    crash (:mod:`rankscope.wire.position`); local to the rank's host."""
+    import tempfile
+    return os.path.join(tempfile.gettempdir(), "rankscope-position", safe_id(job), f"{pid}.pos")

@@ -83,7 +83,9 @@ SCHEMAS: dict[str, _Schema] = {
     RANK_LOST: {"rank": (_INT, True), "pid": (_INT, True), "last_step": (_INT, True),
                 "exit_status": ((int, type(None)), True), "reason": ((str,), True),
                 "died_at": (_NUM, False), "signal": ((int, type(None)), False),
-                "exception": ((str,), False), "sync": ((dict, type(None)), False)},
+                "exception": ((str,), False), "sync": ((dict, type(None)), False),
+                # position: {"step", "token"} the rank last began (wire.position), when known.
+                "position": ((dict,), False)},
     RANK_MAP: {"entries": ((list,), True)},
     BUNDLE_CHUNK: {
         "rank": (_INT, True), "transfer": ((str,), True), "path": ((str,), True),

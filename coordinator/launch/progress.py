@@ -90,16 +90,23 @@ def format_verdict(incident: dict[str, Any]) -> str:
         f"  detector : {shown(incident.get('detector'))}",
         f"  step     : {shown(incident.get('step'))}" + ("  (the first step it did not complete)" if failed else ""),
     ]
+    if incident.get("token") is not None:
+        lines.append(f"  token    : {incident['token']}  (forward call of the root model within the step)")
     if failed:
         lines.append(f"  how      : {what_of(incident)}")
         followers = ev.get("followers") or []
         if followers:
             lines.append("  followers: " + ", ".join(_follower(f) for f in followers) + "  (taken down after it)")
+        others = ev.get("others") or []
+        if others:
+            lines.append("  others   : " + ", ".join(
+                f"rank {o['rank']} {o['state']} (began step {shown(o.get('started'))})" for o in others))
     else:
         lines.append(f"  tensor   : {incident.get('tensor') or '—'}")
     rule = ev.get("rule")
     if rule:
         lines.append(f"  rule     : {rule}")
+    lines += [f"  also     : {_later(v)}" for v in _other_findings(incident)]
     if incident.get("dir"):
         lines.append(f"  incident : {incident['dir']}")
         lines.append(f"  report   : {incident['dir']}/report.html  (open it in a browser; it is self-contained)")
@@ -117,3 +124,21 @@ def _delay(d: Any) -> str:
 def _follower(f: dict[str, Any]) -> str:
     how = f.get("signal") or (f"exit {f['exit_status']}" if f.get("exit_status") is not None else None)
     return f"rank {f['rank']} ({_delay(f.get('delay_s'))}{', ' + how if how else ''})"
+
+
+def _other_findings(incident: dict[str, Any], most: int = 3) -> list[dict[str, Any]]:
+    """Later verdicts filed under this incident that name another rank or detector."""
+    seen = {(incident.get("detector"), incident.get("first_diverging_rank"))}
+    out = []
+    for v in incident.get("related_verdicts") or []:
+        key = (v.get("detector"), v.get("rank"))
+        if key not in seen and len(out) < most:
+            seen.add(key)
+            out.append(v)
+    return out
+
+
+def _later(v: dict[str, Any]) -> str:
+    token = f", token {v['token']}" if v.get("token") is not None else ""
+    where = f" ({v['tensor']})" if v.get("tensor") else ""
+    return f"{shown(v.get('detector'))} names rank {shown(v.get('rank'))} at step {shown(v.get('step'))}{token}{where}"

@@ -121,8 +121,10 @@ class CoordinatorCore:
 
     def on_rank_lost(self, job: str, rank: int | None, last_step: int, exit_status: int | None,
                      reason: str, *, died_at: float | None = None, signal: int | None = None,
-                     exception: str | None = None, sync: SyncPoint | None = None) -> None:
-        """A rank's process ended badly (or went silent). Times on the coordinator's clock."""
+                     exception: str | None = None, sync: SyncPoint | None = None,
+                     position: tuple[int, int] | None = None) -> None:
+        """A rank's process ended badly (or went silent). Times on the coordinator's clock.
+        ``position``: the (step, token) it last began, when it counted tokens."""
         if rank is None:  # lost before it was given a rank id: it never took part in a step
             log.warning("job %s: a process without a rank id was lost (%s)", job, reason)
             return
@@ -139,7 +141,7 @@ class CoordinatorCore:
                      "died_at": died_at}
         if self.settings.detectors.progress.enabled:
             self.failures.death(rec.group, Death(rank, died_at, exit_status, signal, reason, exception, last_step,
-                                                 sync), self.clock())
+                                                 sync, position), self.clock())
 
     def on_watch(self, job: str, rank: int, detail: dict[str, Any]) -> None:
         """The rank said how it is watched (validated by the wire decoder)."""

@@ -53,6 +53,8 @@ class Death:
     exception: str | None
     last_step: int
     sync: SyncPoint | None
+    #: (step, token) the rank last began, from the file its node agent read (inference).
+    position: tuple[int, int] | None = None
 
     def summary(self) -> dict[str, Any]:
         return {"rank": self.rank, "exit_status": self.exit_status, "signal": _signal_name(self.signal),
@@ -125,10 +127,13 @@ class FailureJudge:
 
     def _death_verdict(self, group: Group, cause: Death, deaths: list[Death], syncs: dict[int, SyncPoint],
                        blocking: SyncPoint | None) -> Verdict:
+        pos = cause.position
         if blocking is not None and _before(syncs.get(cause.rank), blocking):
             step = blocking.step  # it never reached the collective of that step
         else:
             step = _completed(group, cause, syncs) + 1
+            if pos is not None and pos[0] > step:
+                step = pos[0]  # it began that step; the steps before it died unsent
         what = cause.exception or _manner(cause)
         ev: dict[str, Any] = {
             "rule": "first to fail", "reason": cause.reason, "exit_status": cause.exit_status,
@@ -137,8 +142,13 @@ class FailureJudge:
         }
         if blocking is not None:
             ev["collective"] = _collective(group, syncs, blocking)
+        token = pos[1] if pos is not None and pos[0] == step else None
+        if token is not None:
+            ev["manner"] = f"{what} while at token {token} (forward call {token} of step {step})"
+        ev["others"] = _others(group, cause, deaths)
         v = Verdict(detector="progress", rank=cause.rank, step=step, tensor=None, exec_index=None, kind=None,
-                    group=group.label, evidence=ev, ties=_ties(cause, deaths), job=group.job, urgent=True)
+                    group=group.label, evidence=ev, ties=_ties(cause, deaths), job=group.job, urgent=True,
+                    token=token)
         for d in sorted(deaths, key=lambda d: d.died_at):
             if d is not cause:
                 _add_follower(v, d, cause.died_at)
@@ -227,6 +237,25 @@ def _collective(group: Group, syncs: dict[int, SyncPoint], blocking: SyncPoint) 
     return {"what": blocking.what, "step": blocking.step, "seq": blocking.seq,
             "entered": entered[:MAX_EVIDENCE_RANKS], "never_entered": sorted(never)[:MAX_EVIDENCE_RANKS],
             "waiting_since": since}
+
+
+def _others(group: Group, cause: Death, deaths: list[Death]) -> list[dict[str, Any]]:
+    """Where the other members stood when the cause was judged: their state, the newest
+    step each handed over and the one each said it began (a serving worker's request batch)."""
+    dead = {d.rank: d for d in deaths}
+    out = []
+    for m in sorted(group.members, key=lambda m: m.rank):
+        if m.rank == cause.rank:
+            continue
+        row: dict[str, Any] = {"rank": m.rank, "state": m.state.value, "last_step": m.last_step,
+                               "started": m.started}
+        d = dead.get(m.rank)
+        if d is not None and d.position is not None:
+            row["position"] = {"step": d.position[0], "token": d.position[1]}
+        out.append(row)
+        if len(out) >= MAX_EVIDENCE_RANKS:
+            break
+    return out
 
 
 def _earliest(deaths: list[Death]) -> Death:

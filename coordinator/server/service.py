@@ -20,6 +20,7 @@ from rankscope.coordinator.server.frontend import Frontend, Handlers, Peer
 from rankscope.coordinator.server.metrics import CoordinatorMetrics
 from rankscope.wire import job_config, protocol
 from rankscope.wire.layout import rank_from_wire
+from rankscope.wire.position import position_from_wire
 from rankscope.wire.protocol import Message
 from rankscope.wire.sync import SyncPoint
 
@@ -106,7 +107,8 @@ class CoordinatorService(Handlers):
             self.core.on_rank_lost(job, rank_from_wire(b["rank"]), b["last_step"], b["exit_status"], b["reason"],
                                    died_at=None if died_at is None else float(died_at) + peer.clock.offset,
                                    signal=b.get("signal"), exception=b.get("exception"),
-                                   sync=sync.shifted(peer.clock.offset) if sync is not None else None)
+                                   sync=sync.shifted(peer.clock.offset) if sync is not None else None,
+                                   position=position_from_wire(b.get("position")))
         elif t == protocol.RANK_MAP:
             self.core.on_rank_map(job, list(b["entries"]))
         elif t == protocol.BUNDLE_CHUNK:

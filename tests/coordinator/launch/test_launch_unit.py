@@ -97,6 +97,19 @@ def test_verdict_names_rank_step_tensor_and_report():
     assert "/x/incidents/abc/report.html" in text and "rank 0, rank 2" in text and "nan_count > 0" in text
 
 
+def test_a_crash_verdict_shows_the_token_the_others_and_later_findings():
+    text = format_verdict({
+        "first_diverging_rank": 1, "detector": "progress", "step": 3, "token": 1, "tensor": None, "ties": [],
+        "evidence": {"failed_at": 1.0, "manner": "killed by SIGKILL while at token 1", "rule": "first to fail",
+                     "others": [{"rank": 0, "state": "running", "started": 3}]},
+        "related_verdicts": [{"detector": "progress", "rank": 1, "step": 3},
+                             {"detector": "nan_origin", "rank": 2, "step": 2, "token": 3, "tensor": "Cell.a.forward.1"}]})
+    assert "token    : 1" in text and "how      : killed by SIGKILL while at token 1" in text
+    assert "others   : rank 0 running (began step 3)" in text
+    assert text.count("also     :") == 1
+    assert "also     : nan_origin names rank 2 at step 2, token 3 (Cell.a.forward.1)" in text
+
+
 def test_agent_mode_joins_the_hosts_agent_and_returns_the_command_status(tmp_path):
     # Multi-node (Slurm, bare metal, k8s): no Ray, no coordinator, no agent of its own;
     # the ranks get the host agent's endpoint and the job id every node shares.

@@ -178,3 +178,28 @@ def test_the_incident_snapshot_says_how_each_rank_ended():
     ranks = core.documents()[0]["ranks"]
     assert ranks["2"]["exit_status"] == 137 and ranks["2"]["died_at"] == T0
     assert ranks["0"]["signal"] == signal.SIGKILL and ranks["1"]["state"] == "running"
+
+
+def test_a_serving_worker_killed_mid_decode_is_named_with_its_request_batch_and_token():
+    # DP inference: no collectives, one step per request batch. The node agent read the
+    # dead worker's position file: it had begun batch 3 and was inside forward call 2;
+    # its batch-2 records never arrived (last_step 1).
+    core, clock, _ = make(world=3)
+    for r in (0, 2):
+        core.on_heartbeat("j", r, 2, "running", started=3)
+    core.on_rank_lost("j", 1, 1, -signal.SIGKILL, "exited", died_at=T0, signal=signal.SIGKILL, position=(3, 2))
+    [v] = settle(core, clock)
+    assert (v.detector, v.rank, v.step, v.token) == ("progress", 1, 3, 2)
+    assert "SIGKILL" in v.evidence["manner"] and "token 2" in v.evidence["manner"]
+    assert [(o["rank"], o["state"], o["started"]) for o in v.evidence["others"]] == [(0, "running", 3),
+                                                                                    (2, "running", 3)]
+
+
+def test_a_position_from_an_older_step_gives_no_token():
+    core, clock, _ = make(world=2)
+    core.on_heartbeat("j", 0, 6, "running", started=7)
+    core.on_rank_lost("j", 1, 5, 1, "exited", died_at=T0, position=(4, 7))
+    [v] = settle(core, clock)
+    assert (v.step, v.token) == (6, None)
+    assert v.evidence["manner"] == "exited with status 1"
+    assert v.evidence["others"] == [{"rank": 0, "state": "running", "last_step": -1, "started": 7}]
