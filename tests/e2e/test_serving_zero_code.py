@@ -25,6 +25,8 @@ from pathlib import Path
 
 import pytest
 
+from rankscope.wire.rank_map import rank_map_entries
+
 pytestmark = [pytest.mark.e2e, pytest.mark.ray, pytest.mark.timeout(600)]
 
 SERVER = Path(__file__).parent / "jobs" / "queue_server.py"
@@ -56,7 +58,7 @@ def run(tmp_path_factory):
 
 def rank_of(run: dict, worker: int) -> int:
     pid = run["results"]["pids"][str(worker)]
-    rows = [r for inc in run["incidents"] for r in inc["rank_map"] if r["pid"] == pid]
+    rows = [r for inc in run["incidents"] for r in rank_map_entries(inc["rank_map"]) if r["pid"] == pid]
     assert rows, (worker, pid, run["explain"])
     return int(rows[0]["assigned_rank"])
 
