@@ -250,7 +250,7 @@ def test_sbatch_dry_run(fakes, tmp_path):
 
     def steps(pred):
         return [c for c in log_calls if c["tool"] == "srun" and pred(c["argv"])]
-    ray_step, = steps(lambda a: a[:2] == ["ray", "start"])
+    ray_step, = steps(lambda a: "ray start" in " ".join(a))
     coord_step, = steps(lambda a: a[:2] == ["rankscope", "coordinator"])
     agent_step, = steps(lambda a: "rankscope agent" in " ".join(a))
     train_step, = steps(lambda a: "rankscope launch" in " ".join(a))
@@ -274,6 +274,8 @@ def test_sbatch_dry_run(fakes, tmp_path):
     for c in [coord, *agents]:
         parse_with_real_cli(c["argv"])
     assert flag(coord["argv"], "--address") == f"127.0.0.1:{ray_port}"
+    ray_head, = [c for c in log_calls if c["tool"] == "ray" and "--head" in c["argv"]]
+    assert flag(ray_head["argv"], "--temp-dir") == str(tmp_path / "sock" / "ray")  # never /tmp/ray
     assert {a["node"] for a in agents} == {"127.0.0.1", "node-b"}
     for a in agents:
         assert flag(a["argv"], "--coordinator") == f"tcp://127.0.0.1:{coord_port}"

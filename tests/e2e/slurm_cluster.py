@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-TOOLS = ("munged", "mungekey", "slurmctld", "slurmd", "sbatch", "sinfo", "squeue", "scancel")
+TOOLS = ("munged", "mungekey", "slurmctld", "slurmd", "sbatch", "sinfo", "squeue", "scancel", "scontrol")
 
 
 def missing() -> str | None:
@@ -114,6 +114,21 @@ class SlurmCluster:
 
     def run(self, argv: list[str], **kw) -> subprocess.CompletedProcess:
         return subprocess.run(argv, env=kw.pop("env", self.env), capture_output=True, text=True, **kw)
+
+    def wait_job(self, job_id: str, timeout: float) -> tuple[str, str]:
+        """(state, exit code "status:signal") once the job has ended. Polled: ``sbatch
+        --wait`` backs off to half a minute between its own polls."""
+        deadline = time.monotonic() + timeout
+        while True:
+            out = self.run(["scontrol", "-o", "show", "job", job_id], timeout=30).stdout
+            fields = dict(f.split("=", 1) for f in out.split() if "=" in f)
+            state = fields.get("JobState", "")
+            if state and state not in ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING"):
+                return state, fields.get("ExitCode", "")
+            if time.monotonic() > deadline:
+                self.run(["scancel", job_id], timeout=30)
+                return f"still {state or 'unknown'} after {timeout:.0f} s (cancelled)", fields.get("ExitCode", "")
+            time.sleep(0.5)
 
     def logs(self, tail: int = 1500) -> str:
         return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-tail:]}"
