@@ -2,8 +2,9 @@
 ``sbatch`` to a one-machine cluster this test starts (munged, slurmctld, slurmd; see
 slurm_cluster.py) and stops by pid. The script's own steps run: a Ray head, the
 coordinator and the node agent as ``srun --overlap`` steps, then msrun with 4 CPU ranks
-under ``rankscope launch --agent``. Rank 3's local gradients are x50 at step 5; the
-policy is ``export``, so the job trains on and ends by itself.
+under ``rankscope launch --agent``. The training script is a stranger's (jobs/conv_text.py:
+an embedding + conv text model, a TrainOneStepCell subclass); rank 3's gradients are x50
+at step 5. The policy is ``export``, so the job trains on and ends by itself.
 
 The export must hold that incident with every rank's bundle and one job-wide rank map,
 and the job's end must stop the daemon steps gracefully (the agent drains, Ray's files
@@ -28,6 +29,7 @@ import slurm_cluster
 from repo_paths import REPO
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
+JOBS = Path(__file__).parent / "jobs"
 
 
 def free_port() -> int:
@@ -61,14 +63,14 @@ def test_sbatch_script_under_real_slurm_exports_the_incident_with_every_bundle(w
         env = dict(cluster.env, PATH=os.pathsep.join([str(bindir), os.environ.get("PATH", "")]),
                    RANKS_PER_NODE="4", EXPORT_DIR=str(exports), CURVE_DIR=str(keys),
                    SOCKET_DIR=str(work / "s"), ON_DIVERGENCE="export",
-                   TRAIN_FAULT="scale_grad:3:5", TRAIN_STEPS="10",
+                   TEXT_FAULT="grads:3:5",
                    RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(32),
                    **{k: str(free_port()) for k in ("RAY_PORT", "RAY_CLIENT_PORT", "RAY_AGENT_PORT",
                                                      "COORDINATOR_PORT", "MASTER_PORT")})
         env.pop("RAY_ADDRESS", None)
         sub = cluster.run(["sbatch", "--parsable", "--nodes=1", "--time=10", f"--chdir={run_dir}",
                            str(REPO / "deploy" / "slurm" / "rankscope.sbatch"),
-                           str(REPO / "examples" / "train_dp.py")], env=env, timeout=60)
+                           str(JOBS / "conv_text.py")], env=env, timeout=60)
         assert sub.returncode == 0, sub.stderr
         state, code = cluster.wait_job(sub.stdout.strip().split(";")[0], timeout=540)
         outs = sorted(run_dir.glob("rankscope-*.out"))
