@@ -14,9 +14,9 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 TOOLS = ("munged", "mungekey", "slurmctld", "slurmd", "sbatch", "sinfo", "squeue", "scancel", "scontrol")
 
@@ -79,10 +79,9 @@ class SlurmCluster:
         self.procs: list[subprocess.Popen] = []
 
     def _daemon(self, argv: list[str], log: str) -> None:
-        out = open(self.dir / "log" / log, "ab")
-        self.procs.append(subprocess.Popen(argv, env=self.env, stdout=out, stderr=subprocess.STDOUT,
-                                           stdin=subprocess.DEVNULL, start_new_session=True))
-        out.close()
+        with open(self.dir / "log" / log, "ab") as out:  # the daemon keeps its own descriptor
+            self.procs.append(subprocess.Popen(argv, env=self.env, stdout=out, stderr=subprocess.STDOUT,
+                                               stdin=subprocess.DEVNULL, start_new_session=True))
 
     def start(self, timeout: float = 60.0) -> None:
         d = self.dir
@@ -101,7 +100,8 @@ class SlurmCluster:
         self._wait(self._idle, timeout, "an idle Slurm node")
 
     def _idle(self) -> bool:
-        out = subprocess.run(["sinfo", "-h", "-o", "%T"], env=self.env, capture_output=True, text=True)
+        out = subprocess.run(["sinfo", "-h", "-o", "%T"], env=self.env, capture_output=True, text=True,
+                             check=False)
         return out.stdout.strip() == "idle"
 
     def _wait(self, ready, timeout: float, what: str) -> None:
@@ -113,7 +113,8 @@ class SlurmCluster:
             time.sleep(0.3)
 
     def run(self, argv: list[str], **kw) -> subprocess.CompletedProcess:
-        return subprocess.run(argv, env=kw.pop("env", self.env), capture_output=True, text=True, **kw)
+        return subprocess.run(argv, env=kw.pop("env", self.env), capture_output=True, text=True, check=False,
+                              **kw)
 
     def wait_job(self, job_id: str, timeout: float) -> tuple[str, str]:
         """(state, exit code "status:signal") once the job has ended. Polled: ``sbatch
