@@ -78,6 +78,22 @@ def stop(*_):
 signal.signal(signal.SIGTERM, stop)
 sys.exit(max(p.wait() for p in procs))
 ''',
+    # squeue -s: the running steps as "<id> <name>"; a step's id here is its srun's pid.
+    "squeue": _COMMON + r'''
+with open(os.environ["FAKE_LOG"]) as f:
+    for rec in map(json.loads, f):
+        name = flag(rec.get("opts") or [], "--job-name") if rec["tool"] == "srun" else None
+        if name:
+            try: os.kill(rec["pid"], 0)
+            except ProcessLookupError: continue
+            print(rec["pid"], name)
+''',
+    "scancel": _COMMON + r'''
+argv = sys.argv[1:]
+log(tool="scancel", argv=argv)
+sig = flag(argv, "--signal")
+os.kill(int(argv[-1]), getattr(signal, "SIG" + sig))
+''',
     "scontrol": _COMMON + r'''
 assert sys.argv[1:3] == ["show", "hostnames"], sys.argv
 print("\n".join(os.environ["FAKE_NODES"].split()))
@@ -234,7 +250,7 @@ def test_sbatch_dry_run(fakes, tmp_path):
 
     def steps(pred):
         return [c for c in log_calls if c["tool"] == "srun" and pred(c["argv"])]
-    ray_step, = steps(lambda a: a[:2] == ["ray", "start"])
+    ray_step, = steps(lambda a: "ray start" in " ".join(a))
     coord_step, = steps(lambda a: a[:2] == ["rankscope", "coordinator"])
     agent_step, = steps(lambda a: "rankscope agent" in " ".join(a))
     train_step, = steps(lambda a: "rankscope launch" in " ".join(a))
@@ -246,6 +262,10 @@ def test_sbatch_dry_run(fakes, tmp_path):
     assert "--ntasks-per-node=1" in train_step["opts"] and train_step["nodes"] == ["127.0.0.1", "node-b"]
     assert "--cpus-per-task=16" in train_step["opts"]  # msrun's workers get the whole node
     assert all("--overlap" in s["opts"] for s in (ray_step, coord_step, agent_step))
+    # At the end the daemon steps are signalled through Slurm (SIGTERM to srun would make
+    # Slurm SIGKILL them), agents first, Ray last.
+    stopped = [c["argv"] for c in log_calls if c["tool"] == "scancel"]
+    assert stopped == [["--signal=TERM", str(s["pid"])] for s in (agent_step, coord_step, ray_step)]
 
     coord, = [c for c in log_calls if c["tool"] == "rankscope" and c["argv"][0] == "coordinator"]
     agents = [c for c in log_calls if c["tool"] == "rankscope" and c["argv"][0] == "agent"]
@@ -254,6 +274,8 @@ def test_sbatch_dry_run(fakes, tmp_path):
     for c in [coord, *agents]:
         parse_with_real_cli(c["argv"])
     assert flag(coord["argv"], "--address") == f"127.0.0.1:{ray_port}"
+    ray_head, = [c for c in log_calls if c["tool"] == "ray" and "--head" in c["argv"]]
+    assert flag(ray_head["argv"], "--temp-dir") == str(tmp_path / "sock" / "ray")  # never /tmp/ray
     assert {a["node"] for a in agents} == {"127.0.0.1", "node-b"}
     for a in agents:
         assert flag(a["argv"], "--coordinator") == f"tcp://127.0.0.1:{coord_port}"

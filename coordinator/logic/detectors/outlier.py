@@ -76,10 +76,14 @@ class OutlierDetector:
     # their usual spread: an EWMA over steps of 1.2533 x the mean |log deviation| from the
     # median (the exact zero of a column's median element left out, flagged values
     # excluded), pooled over the kind's ranks and columns, and per column. The floor is
-    # max(ratio, tail_factor x the larger of the two): in a quiet column a x10 rank is
-    # found; where ranks routinely differ by 5x it takes far more. Until a column has
-    # _TAIL_WARMUP steps the floor is ratio squared and only rises count: nothing is
-    # known of its spread yet.
+    # max(ratio, tail_factor x spread): a column noisier than its kind uses its own
+    # spread; a quieter one the geometric mean of its own and the kind's. The pool keeps
+    # a column whose first steps happened to agree from false alarms, yet it must not
+    # lend a quiet column the spread of noisy ones (biases and a small head whose ranks
+    # differ 3x every step would lift a conv weight's floor from x4 to x100). So in a
+    # quiet column a x10 rank is found; where ranks routinely differ by 5x it takes far
+    # more. Until a column has _TAIL_WARMUP steps the floor is ratio squared and only
+    # rises count: nothing is known of its spread yet.
     _TAIL_ALPHA = 0.05
     _TAIL_WARMUP = 5
 
@@ -99,7 +103,8 @@ class OutlierDetector:
         ew = tails.setdefault("scale", np.zeros(16))
         cs, cn = self._grow(tails, int(cols.max()) + 1)
         learned = cn[cols] >= self._TAIL_WARMUP
-        spread = np.maximum(ew[kinds], cs[cols])
+        own, pool = cs[cols], ew[kinds]
+        spread = np.maximum(own, np.sqrt(own * pool))
         return np.where(learned, np.maximum(log_floor, self.s.tail_factor * spread), 2 * log_floor), learned
 
     def _tail_update(self, tails: dict, kinds: np.ndarray, cols: np.ndarray, ad: np.ndarray) -> None:

@@ -189,3 +189,31 @@ def test_a_routinely_wild_column_does_not_blunt_the_quiet_ones() -> None:
         if step < 59:
             assert found == [], (step, found and found[0].summary())
     assert [(v.rank, v.tensor) for v in found] == [(6, sim.names[dense])]
+
+
+def test_noisy_columns_do_not_lend_their_spread_to_the_quiet_ones() -> None:
+    """A small text model on 4 ranks: its biases and head differ ~3x between ranks every
+    step, its conv weight and embedding agree within ~1.2x. A rank whose whole gradient
+    is x45 at step 5 is found in the quiet columns (the kind-wide spread would put their
+    floor near x100)."""
+    sim = SyntheticTraining(ranks=4, tensors=24, seed=21)
+    det = OutlierDetector(OutlierSettings())
+    grads = [sim.column(f"Sentinel.grad_local.layer{i}.") for i in range(5)]
+    noisy, quiet = grads[:3], grads[3:]
+    rng = np.random.default_rng(5)
+    state: dict = {"judge": StepJudge()}
+    for step in range(6):
+        batches = sim.batches(step)
+        for b in batches:
+            for c in noisy:
+                b.stats[c, 3] *= float(np.exp(rng.normal(0, 0.6)))
+            for c in quiet:
+                b.stats[c, 3] *= float(np.exp(rng.normal(0, 0.05)))
+        if step == 5:
+            for c in grads:
+                batches[3].stats[c, 3] *= 45
+        found = det.judge(state["judge"].view(batches), state)
+        if step < 5:
+            assert found == [], (step, found and found[0].summary())
+    assert [(v.rank, v.step, v.kind) for v in found] == [(3, 5, "grad_local")]
+    assert found[0].tensor in {sim.names[c] for c in quiet}
