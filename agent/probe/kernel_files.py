@@ -8,8 +8,10 @@ Layout (GRAPH mode, e2e dump, checked on MindSpore 2.10 CPU)::
 
 ``op_name`` is the kernel's full scope name with ``/`` written as ``_``. GPU/Ascend
 builds can write ``statistic.csv`` instead of tensors (``saved_data: "statistic"``): one
-row per tensor, columns named in its header (only the named ones are relied on, so a
-``statistic_category`` that leaves some out still reads).
+row per tensor, columns named in its header. MindSpore's writers differ across versions
+(a fixed header with counts and no L2 norm; Max/Min/Avg/L2Norm/Count; from 2.4 the common
+columns plus one per ``statistic_category`` entry, rows ending in a comma), so columns are
+found by name and a missing one is unknown (NaN), never zero.
 
 The record name is msProbe's L2 file name without its timestamp and file suffixes:
 ``<OpType>.<op_name>.<task>.<stream>.<input|output>.<slot>`` -- stable across steps and
@@ -116,7 +118,10 @@ def _num(row: dict, key: str) -> float:
     v = (row.get(key) or "").strip()
     if not v:
         return math.nan
-    return float(v)
+    return _BOOLS.get(v.lower()) if v.lower() in _BOOLS else float(v)
+
+
+_BOOLS = {"true": 1.0, "false": 0.0}  # a bool tensor's max/min, as some writers print it
 
 
 def _count(row: dict, *keys: str) -> int | None:
