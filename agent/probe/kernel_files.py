@@ -157,28 +157,28 @@ _SHAPE = re.compile(r"'shape':\s*\(([^)]*)\)")
 
 
 def load_npy(path: str) -> np.ndarray:
-    """An .npy file as NumPy writes it (format 1.x/2.x, no objects). ``np.load`` parses
-    every header with ``ast``, which costs more than reading a small kernel tensor;
-    anything unusual falls back to it."""
-    with open(path, "rb") as fh:
-        head = fh.read(12)
-        if head[:6] != b"\x93NUMPY" or head[6] not in (1, 2):
-            return np.load(path, allow_pickle=False)
-        if head[6] == 1:
-            hlen, start = int.from_bytes(head[8:10], "little"), 10
-        else:
-            hlen, start = int.from_bytes(head[8:12], "little"), 12
-        fh.seek(start)
-        header = fh.read(hlen).decode("latin1")
-        descr, shape = _DESCR.search(header), _SHAPE.search(header)
-        if descr is None or shape is None or "'fortran_order': False" not in header:
-            return np.load(path, allow_pickle=False)
-        dims = tuple(int(d) for d in shape.group(1).split(",") if d.strip())
-        dtype = np.dtype(descr.group(1))
-        if dtype.hasobject:
-            return np.load(path, allow_pickle=False)
-        count = math.prod(dims) if dims else 1
-        arr = np.fromfile(fh, dtype=dtype, count=count)
-        if arr.size != count:
-            raise ValueError(f"{path}: {arr.size} of {count} values")
-        return arr.reshape(dims)
+    """An .npy file as NumPy writes it (format 1.x/2.x, no objects), read-only, from one
+    read of the whole file. ``np.load`` parses every header with ``ast`` and reads in
+    several calls, which costs more than a small kernel tensor itself; anything unusual
+    falls back to it."""
+    with open(path, "rb", buffering=0) as fh:
+        data = fh.readall()
+    if data[:6] != b"\x93NUMPY" or data[6] not in (1, 2):
+        return np.load(path, allow_pickle=False)
+    if data[6] == 1:
+        hlen, start = int.from_bytes(data[8:10], "little"), 10
+    else:
+        hlen, start = int.from_bytes(data[8:12], "little"), 12
+    header = data[start:start + hlen].decode("latin1")
+    descr, shape = _DESCR.search(header), _SHAPE.search(header)
+    if descr is None or shape is None or "'fortran_order': False" not in header:
+        return np.load(path, allow_pickle=False)
+    dims = tuple(int(d) for d in shape.group(1).split(",") if d.strip())
+    dtype = np.dtype(descr.group(1))
+    if dtype.hasobject:
+        return np.load(path, allow_pickle=False)
+    count = math.prod(dims) if dims else 1
+    body = start + hlen
+    if len(data) - body < count * dtype.itemsize:
+        raise ValueError(f"{path}: {(len(data) - body) // max(1, dtype.itemsize)} of {count} values")
+    return np.frombuffer(data, dtype=dtype, count=count, offset=body).reshape(dims)
