@@ -5,8 +5,9 @@ The clean run must exit 0 with no incident and every rank saying it was watched 
 the kernel dump; a NaN in one rank's batch must be traced to that rank, that step and
 the first kernel that met it, and ``rankscope collect`` must gather that step's kernel
 tensors from every rank in msProbe's static-graph L2 layout. The job
-(tests/e2e/jobs/graph_dp.py) knows nothing about rankscope; its other styles (nn.TrainOneStepCell, Model.train) are run by hand (see the
-README's GRAPH-mode section) to keep CI short.
+(tests/e2e/jobs/graph_dp.py) knows nothing about rankscope; its other styles
+(nn.TrainOneStepCell, Model.train) are run by hand (see the README's GRAPH-mode section)
+to keep CI short.
 """
 from __future__ import annotations
 

@@ -98,7 +98,8 @@ def test_rankscopes_own_category_counts_are_read(tmp_path):
 
 @pytest.mark.parametrize("value,expect", [("True", 1.0), ("false", 0.0), ("-nan", math.nan), ("-inf", -math.inf)])
 def test_value_spellings(tmp_path, value, expect):
-    text = CATEGORY_DEFAULT.splitlines()[0] + f"\nCast,Default_Cast-op0,0,0,5,output,0,1,bool,\"(1)\",{value},{value},1,\n"
+    row = f"Cast,Default_Cast-op0,0,0,5,output,0,1,bool,\"(1)\",{value},{value},1,\n"
+    text = CATEGORY_DEFAULT.splitlines()[0] + "\n" + row
     (row,) = read(tmp_path, text)
     assert row.max == expect or (math.isnan(expect) and math.isnan(row.max))
 
