@@ -74,6 +74,22 @@ def install() -> None:
         orig = cls.compile
         cls.compile = _wrap(orig, kind)
         _patches.append((cls, "compile", orig))
+    try:  # PIJit (jit(capture_mode="bytecode")) has no compile call: it is seen on entry
+        from mindspore.graph._utils.pijit_context import PIJitCaptureContext
+    except Exception:  # noqa: BLE001 - another MindSpore layout: PIJit simply is not noticed
+        return
+    enter = PIJitCaptureContext.__enter__
+
+    def __enter__(self):  # noqa: ANN001, N807
+        for fn in list(listeners):
+            try:
+                fn("pijit", self)
+            except Exception:  # noqa: BLE001
+                pass
+        return enter(self)
+    __enter__.__wrapped__ = enter  # type: ignore[attr-defined]
+    _patches.append((PIJitCaptureContext, "__enter__", enter))
+    PIJitCaptureContext.__enter__ = __enter__
 
 
 def uninstall() -> None:

@@ -87,6 +87,9 @@ class GraphWatch:
 
     # ------------------------------------------------------------------ events
     def _on_compile(self, kind: str, obj: Any) -> None:
+        if kind == "pijit":
+            self.report.pijit_calls += 1
+            return
         graph = graph_mode()
         if kind == "jit" and _mindsporeish(obj):
             return  # MindSpore's own jit functions (an eager optimizer's kernels): not the user's code

@@ -41,6 +41,7 @@ class WatchReporter:
         self.jit_steps = 0  # PyNative steps made by an @ms.jit function
         self.eager_steps = 0
         self.jit_compiles = 0
+        self.pijit_calls = 0  # calls of jit(capture_mode="bytecode") functions
         self.kernel_dump: str | None = None  # how the kernel dump is set, or None
         self.kernel_problem = ""  # why the kernel dump is not available
         self.silent = False  # handed over to the script's own debugger, which will say it
@@ -60,6 +61,10 @@ class WatchReporter:
                 how = "hooks" + (" + the kernel dump for its jit parts" if self.kernel_dump
                                  else "; its jit parts are not watched")
                 return Watch(JIT, how, "" if self.kernel_dump else self.kernel_problem)
+            if self.pijit_calls:
+                return Watch(JIT, "hooks outside its jit(capture_mode=\"bytecode\") functions; inside them only "
+                             "parameter gradients and step sentinels", "Cell hooks do not fire inside PIJit code, "
+                             "and PIJit may compile it differently when rankscope is attached")
             return Watch(PYNATIVE, "hooks")
         if self.jit_compiles:
             return Watch(JIT, UNWATCHED, "the optimizer runs inside an @ms.jit function, so no step "
