@@ -13,6 +13,7 @@ from typing import Any, Callable
 
 from rankscope.probe import compile_guard, kernel_config
 from rankscope.probe.graph_steps import GraphSteps, loss_of
+from rankscope.probe.watch import PIJIT_UNSEEN
 from rankscope.probe.watch import WatchReporter
 
 log = logging.getLogger("rankscope.probe")
@@ -87,10 +88,12 @@ class GraphWatch:
 
     # ------------------------------------------------------------------ events
     def _on_compile(self, kind: str, obj: Any) -> None:
-        if kind == "pijit":
-            self.report.pijit_calls += 1
-            return
         graph = graph_mode()
+        if kind == "pijit":  # no kernel dump: its files do not follow PIJit's graph runs
+            self.report.pijit_calls += 1
+            if not self.report.kernel_dump:
+                self.report.kernel_problem = PIJIT_UNSEEN
+            return
         if kind == "jit" and _mindsporeish(obj):
             return  # MindSpore's own jit functions (an eager optimizer's kernels): not the user's code
         if kind == "jit" and not graph:

@@ -32,6 +32,12 @@ class Watch:
         return {"rank": rank, "mode": self.mode, "how": self.how, "reason": self.reason}
 
 
+#: Why nothing inside a PIJit call is seen: rankscope keeps out of the frames PIJit
+#: captures (any Python of its own there changes the graph PIJit builds), and PIJit's
+#: graph runs are not kernel-dumped.
+PIJIT_UNSEEN = "nothing inside jit(capture_mode=\"bytecode\") calls is seen: rankscope stays out of them"
+
+
 class WatchReporter:
     """Decides the rank's watch line from what the probe saw, and says it once."""
 
@@ -62,9 +68,7 @@ class WatchReporter:
                                  else "; its jit parts are not watched")
                 return Watch(JIT, how, "" if self.kernel_dump else self.kernel_problem)
             if self.pijit_calls:
-                return Watch(JIT, "hooks outside its jit(capture_mode=\"bytecode\") functions; inside them only "
-                             "parameter gradients and step sentinels", "Cell hooks do not fire inside PIJit code, "
-                             "and PIJit may compile it differently when rankscope is attached")
+                return Watch(JIT, "hooks outside its jit(capture_mode=\"bytecode\") functions", PIJIT_UNSEEN)
             return Watch(PYNATIVE, "hooks")
         if self.jit_compiles:
             return Watch(JIT, UNWATCHED, "the optimizer runs inside an @ms.jit function, so no step "
