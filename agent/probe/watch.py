@@ -50,6 +50,7 @@ class WatchReporter:
         self.pijit_calls = 0  # calls of jit(capture_mode="bytecode") functions
         self.kernel_dump: str | None = None  # how the kernel dump is set, or None
         self.kernel_problem = ""  # why the kernel dump is not available
+        self.eager_unseen = ""  # why eager steps get no hooks (the level), or ""
         self.silent = False  # handed over to the script's own debugger, which will say it
 
     def current(self) -> Watch:
@@ -69,6 +70,8 @@ class WatchReporter:
                 return Watch(JIT, how, "" if self.kernel_dump else self.kernel_problem)
             if self.pijit_calls:
                 return Watch(JIT, "hooks outside its jit(capture_mode=\"bytecode\") functions", PIJIT_UNSEEN)
+            if self.eager_unseen:
+                return Watch(PYNATIVE, "step sentinels only (parameters, loss)", self.eager_unseen)
             return Watch(PYNATIVE, "hooks")
         if self.jit_compiles:
             return Watch(JIT, UNWATCHED, "the optimizer runs inside an @ms.jit function, so no step "
