@@ -20,6 +20,9 @@ from typing import Any, Callable
 from rankscope.probe import compile_guard
 
 _patches: list[tuple[Any, str, Any]] = []
+#: What ``after`` gets for the cell of a PIJit step: nothing of rankscope runs inside
+#: the call, so its end is the step's end.
+PIJIT_STEP = object()
 _active: list["GraphSteps"] = []
 
 
@@ -97,7 +100,7 @@ class GraphSteps:
             _reraise_terminate(exc)
             self.on_error(f"before a {what} step", exc)
 
-    def _after(self, cell: Any, out: Any, what: str) -> Any:
+    def _after(self, cell: Any, out: Any, what: str) -> Any:  # cell: None for an @ms.jit step
         self.steps += 1
         try:
             self.after(cell, out)
@@ -181,7 +184,7 @@ class GraphSteps:
         elif opts:
             self.sync.leave("graph")
         if opts and ok:
-            self._after(None, getattr(ctx, "ret", None), "jit")
+            self._after(PIJIT_STEP, getattr(ctx, "ret", None), "jit")
 
 
 def _step_counters(optimizers: list) -> dict:

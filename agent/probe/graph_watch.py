@@ -12,7 +12,7 @@ import logging
 from typing import Any, Callable
 
 from rankscope.probe import compile_guard, kernel_config
-from rankscope.probe.graph_steps import GraphSteps, loss_of
+from rankscope.probe.graph_steps import PIJIT_STEP, GraphSteps, loss_of
 from rankscope.probe.watch import PIJIT_UNSEEN
 from rankscope.probe.watch import WatchReporter
 
@@ -137,7 +137,7 @@ class GraphWatch:
 
     def _after(self, cell: Any, output: Any) -> None:
         self._graph_in_step = True
-        if cell is None:  # an @ms.jit training step inside PyNative
+        if cell is None or cell is PIJIT_STEP:  # an @ms.jit training step inside PyNative
             self.report.jit_steps += 1
         else:
             self.report.graph_steps += 1
