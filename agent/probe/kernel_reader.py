@@ -77,7 +77,15 @@ class KernelReader:
         deleting them."""
         if self._future is not None:  # the previous step's: finish it first (rare: no collect)
             self._future.result()
-        self._future = self._pool.submit(self._read_new, keep_in)
+        # Listed here, between steps: every folder that exists now is complete. Listed on
+        # the helper thread, it could include the next step's, which MindSpore is still
+        # writing -- and then delete it under MindSpore, failing the user's step.
+        try:
+            dirs = list(iteration_dirs(self.dump.root))
+        except OSError as exc:
+            self.on_error("listing the kernel dump", exc)
+            return
+        self._future = self._pool.submit(self._read_new, keep_in, dirs)
 
     def collect(self) -> list[KernelRow]:
         fut, self._future = self._future, None
@@ -98,9 +106,9 @@ class KernelReader:
         self._pool.shutdown(wait=True, cancel_futures=False)
 
     # ------------------------------------------------------------------ helper thread
-    def _read_new(self, keep_in: Path | None = None) -> list[KernelRow]:
+    def _read_new(self, keep_in: Path | None = None, dirs: list | None = None) -> list[KernelRow]:
         root = self.dump.root
-        dirs = list(iteration_dirs(root))
+        dirs = list(iteration_dirs(root)) if dirs is None else dirs
         todo = [(g, it, d) for g, it, d in dirs if d not in self._done]
         c = self.counters
         c.high_water_iterations = max(c.high_water_iterations, len(todo))
