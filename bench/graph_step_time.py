@@ -9,7 +9,7 @@ median step times vs plain; the kernel modes also print the most kernel-dump byt
 iterations ever on disk at once.
 
 Modes: plain (no rankscope), sentinels (parameters + loss, cluster.graph_kernels off),
-kernels (the default kernel set: AllReduce + MatMul), all (every kernel), and the floor
+kernels (the default kernel set: AllReduce + MatMul + Conv2D), all (every kernel), and the floor
 under the last two: ms_kernels / ms_all, MindSpore's own tensor dump of the same kernels
 with no rankscope at all (CPU builds can only dump tensors, each written to disk).
 
@@ -28,9 +28,12 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+from rankscope.probe.kernel_config import DEFAULT_KERNELS  # noqa: E402
+
 KERNELS = {"sentinels": "off", "kernels": "default", "all": "all"}
 #: MindSpore's own kernel dump with no rankscope at all (the floor under the kernel modes).
-MS_DUMP = {"ms_kernels": (1, ["AllReduce", "MatMul"]), "ms_all": (0, [])}
+MS_DUMP = {"ms_kernels": (1, list(DEFAULT_KERNELS)), "ms_all": (0, [])}
 
 JOB = r"""
 import json, os, sys, time

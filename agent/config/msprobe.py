@@ -21,7 +21,7 @@ from rankscope.config.checks import choice, is_int
 from rankscope.config.cluster import ClusterSettings, parse_cluster
 from rankscope.config.errors import ConfigError
 from rankscope.config.file import read_config_file
-from rankscope.config.schema import LEVELS, TASKS, check_msprobe_fields
+from rankscope.config.schema import KERNEL_LEVEL, LEVELS, TASKS, check_msprobe_fields
 
 #: msProbe's own bounds for step/rank numbers.
 STEP_RANK_MAX = 1_000_000
@@ -135,6 +135,9 @@ def config_from_dict(raw: dict, *, task: str | None = None, dump_path: str | Non
     steps = _parse_step_or_rank(step if step is not None else raw.get("step"), "step")
     ranks = _parse_step_or_rank(raw.get("rank"), "rank")
     scope, lst, data_mode, summary = _task_section(raw, eff_task)
+    if eff_level == KERNEL_LEVEL and scope:
+        raise ConfigError(f"{eff_task}.scope", scope, f"scope selects Cells or APIs, which level "
+                          f"{KERNEL_LEVEL} does not record (it reads the kernel dump of compiled code)")
     return DebuggerConfig(
         task=eff_task, dump_path=eff_dump, rank=ranks, step=steps, level=eff_level,
         scope=scope, list=lst, data_mode=data_mode, summary_mode=summary,

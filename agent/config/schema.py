@@ -14,7 +14,10 @@ from typing import Any, Iterable
 from rankscope.config.errors import ConfigError
 
 TASKS = ("statistics", "tensor")
-LEVELS = ("L0", "L1", "mix", "debug")
+#: msProbe's kernel level: the kernels of compiled code (GRAPH mode, ``ms.jit`` parts in
+#: PyNative), read from MindSpore's kernel dump; eager code has no kernel record.
+KERNEL_LEVEL = "L2"
+LEVELS = ("L0", "L1", "mix", KERNEL_LEVEL, "debug")
 SUMMARY_MODES = ("statistics", "md5")
 DATA_MODES = ("all", "input", "output", "forward", "backward")
 

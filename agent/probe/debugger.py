@@ -14,6 +14,7 @@ import time
 from typing import Any
 
 from rankscope.config.job import rank_config
+from rankscope.config.schema import KERNEL_LEVEL
 from rankscope.dump.folder_claim import claim_rank_label, release_rank_label
 from rankscope.dump.writer import DumpWriter
 from rankscope.probe.gate import RankscopeTerminated, StepGate
@@ -109,6 +110,9 @@ class PrecisionDebugger:
         self.sentinels.record = cfg.cluster.sentinels
         self._guard("attaching sentinels", self.sentinels.attach)
         self.graph = GraphWatch(self)
+        if cfg.level == KERNEL_LEVEL:  # no hooks: eager code has no kernel record to read
+            self.graph.report.eager_unseen = (f"level {KERNEL_LEVEL} records the kernels of compiled code "
+                                              "only; eager steps get no Cell/API data")
         self._guard("watching compiled steps", self.graph.attach)
         PrecisionDebugger.current = self
 
@@ -203,6 +207,9 @@ class PrecisionDebugger:
             r.error(f"save {name}", exc)
 
     def register_custom_api(self, module: Any, api: str, api_prefix: str) -> None:
+        if self.config.level == KERNEL_LEVEL:
+            raise ValueError(f"register_custom_api wraps a Python API (levels L1, mix); level "
+                             f"{KERNEL_LEVEL} records kernels of compiled code only")
         if not self.apis.wrap(module, api, api_prefix):
             raise ValueError(f"api = {api!r}: {module!r} has no callable of that name")
         self.apis.active = True

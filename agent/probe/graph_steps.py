@@ -17,7 +17,12 @@ from __future__ import annotations
 import weakref
 from typing import Any, Callable
 
+from rankscope.probe import compile_guard
+
 _patches: list[tuple[Any, str, Any]] = []
+#: What ``after`` gets for the cell of a PIJit step: nothing of rankscope runs inside
+#: the call, so its end is the step's end.
+PIJIT_STEP = object()
 _active: list["GraphSteps"] = []
 
 
@@ -41,15 +46,22 @@ class GraphSteps:
         self._jit_kinds: "weakref.WeakKeyDictionary[Any, list]" = weakref.WeakKeyDictionary()
         #: The optimizers the script made (the sentinels' constructor patch sees them).
         self.known_optimizers: Callable[[], list] = lambda: []
+        #: PIJit calls under way (outermost first): (fn, optimizers or None, counters).
+        self._pijit: list[tuple[Any, Any, Any]] = []
+        self._around = (self.pijit_enter, self.pijit_leave)
 
     def attach(self) -> None:
         if self not in _active:
             _active.append(self)
         if not _patches:
             _install()
+        if self._around not in compile_guard.around:
+            compile_guard.around.append(self._around)
 
     def detach(self) -> None:
         self.enabled = False
+        if self._around in compile_guard.around:
+            compile_guard.around.remove(self._around)
         if self in _active:
             _active.remove(self)
         if not _active:
@@ -88,7 +100,7 @@ class GraphSteps:
             _reraise_terminate(exc)
             self.on_error(f"before a {what} step", exc)
 
-    def _after(self, cell: Any, out: Any, what: str) -> Any:
+    def _after(self, cell: Any, out: Any, what: str) -> Any:  # cell: None for an @ms.jit step
         self.steps += 1
         try:
             self.after(cell, out)
@@ -134,6 +146,47 @@ class GraphSteps:
         return self._after(None, out, "jit")
 
 
+    def pijit_enter(self, ctx: Any) -> None:
+        """A PIJit call begins (outside its capture): like ``run_jit`` before the call."""
+        if self._pijit or not self.enabled:
+            self._pijit.append((None, [], None))  # nested or off: part of the outer call
+            return
+        fn = getattr(ctx, "fn", None)
+        try:
+            opts = self._jit_kinds.get(fn)
+        except TypeError:
+            opts = []
+        counters = None
+        if opts is None:
+            try:
+                counters = _step_counters(self.known_optimizers())
+            except Exception as exc:  # noqa: BLE001
+                self.on_error("recognising a PIJit step", exc)
+            opts = None if counters else []
+        if opts:
+            self._before(None, opts, "jit")  # may end the previous step: a pause waits here
+            self.sync.enter("graph")
+        self._pijit.append((fn, opts, counters))
+
+    def pijit_leave(self, ctx: Any, ok: bool) -> None:
+        if not self._pijit:
+            return
+        fn, opts, counters = self._pijit.pop()
+        if counters:
+            if not ok:
+                return
+            now = _step_counters(list(counters))
+            opts = [o for o, v in counters.items() if now.get(o) != v]
+            try:
+                self._jit_kinds[fn] = opts
+            except TypeError:
+                pass
+        elif opts:
+            self.sync.leave("graph")
+        if opts and ok:
+            self._after(PIJIT_STEP, getattr(ctx, "ret", None), "jit")
+
+
 def _step_counters(optimizers: list) -> dict:
     out = {}
     for opt in optimizers:
@@ -165,6 +218,7 @@ def _install() -> None:
     compile_and_run.__wrapped__ = orig  # type: ignore[attr-defined]
     _patches.append((nn.Cell, "compile_and_run", orig))
     nn.Cell.compile_and_run = compile_and_run
+    compile_guard.api_wrapped(nn.Cell, "compile_and_run", compile_and_run, orig)
 
     from mindspore.graph.api import _JitExecutor
     orig_call = _JitExecutor.__call__
@@ -178,6 +232,7 @@ def _install() -> None:
     __call__.__wrapped__ = orig_call  # type: ignore[attr-defined]
     _patches.append((_JitExecutor, "__call__", orig_call))
     _JitExecutor.__call__ = __call__
+    compile_guard.api_wrapped(_JitExecutor, "__call__", __call__, orig_call)
 
 
 def _graph_mode() -> bool:
@@ -187,6 +242,7 @@ def _graph_mode() -> bool:
 
 def _restore() -> None:
     for owner, attr, orig in reversed(_patches):
+        compile_guard.api_restored(owner, attr)
         setattr(owner, attr, orig)
     _patches.clear()
 

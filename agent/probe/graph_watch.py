@@ -12,8 +12,8 @@ import logging
 from typing import Any, Callable
 
 from rankscope.probe import compile_guard, kernel_config
-from rankscope.probe.graph_steps import GraphSteps, loss_of
-from rankscope.probe.watch import WatchReporter
+from rankscope.probe.graph_steps import PIJIT_STEP, GraphSteps, loss_of
+from rankscope.probe.watch import PIJIT_UNSEEN, WatchReporter
 
 log = logging.getLogger("rankscope.probe")
 
@@ -88,6 +88,11 @@ class GraphWatch:
     # ------------------------------------------------------------------ events
     def _on_compile(self, kind: str, obj: Any) -> None:
         graph = graph_mode()
+        if kind == "pijit":  # no kernel dump: its files do not follow PIJit's graph runs
+            self.report.pijit_calls += 1
+            if not self.report.kernel_dump:
+                self.report.kernel_problem = PIJIT_UNSEEN
+            return
         if kind == "jit" and _mindsporeish(obj):
             return  # MindSpore's own jit functions (an eager optimizer's kernels): not the user's code
         if kind == "jit" and not graph:
@@ -131,7 +136,7 @@ class GraphWatch:
 
     def _after(self, cell: Any, output: Any) -> None:
         self._graph_in_step = True
-        if cell is None:  # an @ms.jit training step inside PyNative
+        if cell is None or cell is PIJIT_STEP:  # an @ms.jit training step inside PyNative
             self.report.jit_steps += 1
         else:
             self.report.graph_steps += 1

@@ -10,8 +10,9 @@ A dump config the user already set wins as a whole (their path, their kernels, t
 files kept): rankscope reads what it writes and deletes nothing. CPU builds can only
 write tensors (``saved_data: "statistic"`` is GPU/Ascend only), so on CPU rankscope
 dumps a few kernel types by default -- the gradient AllReduce (local and reduced
-gradients) and MatMul (where a bad input first meets the weights) -- and reads, then
-deletes, each finished iteration's files. ``cluster.graph_kernels: "all"`` dumps every
+gradients), MatMul and Conv2D (where a bad input first meets the weights: in a conv net
+a NaN in the batch can be squashed by ReLU before any MatMul and show again only in the
+gradients) -- and reads, then deletes, each finished iteration's files. ``cluster.graph_kernels: "all"`` dumps every
 kernel; a list of op types chooses them; ``"off"`` dumps nothing.
 """
 from __future__ import annotations
@@ -23,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 ENV = "MINDSPORE_DUMP_CONFIG"
-DEFAULT_KERNELS = ("AllReduce", "MatMul")
+DEFAULT_KERNELS = ("AllReduce", "MatMul", "Conv2D")
 NET_NAME = "rankscope"
 
 

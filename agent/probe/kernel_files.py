@@ -8,8 +8,10 @@ Layout (GRAPH mode, e2e dump, checked on MindSpore 2.10 CPU)::
 
 ``op_name`` is the kernel's full scope name with ``/`` written as ``_``. GPU/Ascend
 builds can write ``statistic.csv`` instead of tensors (``saved_data: "statistic"``): one
-row per tensor, columns named in its header (only the named ones are relied on, so a
-``statistic_category`` that leaves some out still reads).
+row per tensor, columns named in its header. MindSpore's writers differ across versions
+(a fixed header with counts and no L2 norm; Max/Min/Avg/L2Norm/Count; from 2.4 the common
+columns plus one per ``statistic_category`` entry, rows ending in a comma), so columns are
+found by name and a missing one is unknown (NaN), never zero.
 
 The record name is msProbe's L2 file name without its timestamp and file suffixes:
 ``<OpType>.<op_name>.<task>.<stream>.<input|output>.<slot>`` -- stable across steps and
@@ -116,7 +118,10 @@ def _num(row: dict, key: str) -> float:
     v = (row.get(key) or "").strip()
     if not v:
         return math.nan
-    return float(v)
+    return _BOOLS.get(v.lower()) if v.lower() in _BOOLS else float(v)
+
+
+_BOOLS = {"true": 1.0, "false": 0.0}  # a bool tensor's max/min, as some writers print it
 
 
 def _count(row: dict, *keys: str) -> int | None:
@@ -152,28 +157,28 @@ _SHAPE = re.compile(r"'shape':\s*\(([^)]*)\)")
 
 
 def load_npy(path: str) -> np.ndarray:
-    """An .npy file as NumPy writes it (format 1.x/2.x, no objects). ``np.load`` parses
-    every header with ``ast``, which costs more than reading a small kernel tensor;
-    anything unusual falls back to it."""
-    with open(path, "rb") as fh:
-        head = fh.read(12)
-        if head[:6] != b"\x93NUMPY" or head[6] not in (1, 2):
-            return np.load(path, allow_pickle=False)
-        if head[6] == 1:
-            hlen, start = int.from_bytes(head[8:10], "little"), 10
-        else:
-            hlen, start = int.from_bytes(head[8:12], "little"), 12
-        fh.seek(start)
-        header = fh.read(hlen).decode("latin1")
-        descr, shape = _DESCR.search(header), _SHAPE.search(header)
-        if descr is None or shape is None or "'fortran_order': False" not in header:
-            return np.load(path, allow_pickle=False)
-        dims = tuple(int(d) for d in shape.group(1).split(",") if d.strip())
-        dtype = np.dtype(descr.group(1))
-        if dtype.hasobject:
-            return np.load(path, allow_pickle=False)
-        count = math.prod(dims) if dims else 1
-        arr = np.fromfile(fh, dtype=dtype, count=count)
-        if arr.size != count:
-            raise ValueError(f"{path}: {arr.size} of {count} values")
-        return arr.reshape(dims)
+    """An .npy file as NumPy writes it (format 1.x/2.x, no objects), read-only, from one
+    read of the whole file. ``np.load`` parses every header with ``ast`` and reads in
+    several calls, which costs more than a small kernel tensor itself; anything unusual
+    falls back to it."""
+    with open(path, "rb", buffering=0) as fh:
+        data = fh.readall()
+    if data[:6] != b"\x93NUMPY" or data[6] not in (1, 2):
+        return np.load(path, allow_pickle=False)
+    if data[6] == 1:
+        hlen, start = int.from_bytes(data[8:10], "little"), 10
+    else:
+        hlen, start = int.from_bytes(data[8:12], "little"), 12
+    header = data[start:start + hlen].decode("latin1")
+    descr, shape = _DESCR.search(header), _SHAPE.search(header)
+    if descr is None or shape is None or "'fortran_order': False" not in header:
+        return np.load(path, allow_pickle=False)
+    dims = tuple(int(d) for d in shape.group(1).split(",") if d.strip())
+    dtype = np.dtype(descr.group(1))
+    if dtype.hasobject:
+        return np.load(path, allow_pickle=False)
+    count = math.prod(dims) if dims else 1
+    body = start + hlen
+    if len(data) - body < count * dtype.itemsize:
+        raise ValueError(f"{path}: {(len(data) - body) // max(1, dtype.itemsize)} of {count} values")
+    return np.frombuffer(data, dtype=dtype, count=count, offset=body).reshape(dims)

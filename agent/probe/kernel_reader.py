@@ -67,6 +67,7 @@ class KernelReader:
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="rankscope-kernels")
         self._done: set[Path] = set()
         self._future: Future | None = None
+        self._orders: dict[int, tuple] = {}
         #: Gradient parameter names in the reducer's order (set by the graph watch).
         self.grad_names: list[tuple[str, tuple]] = []
 
@@ -76,7 +77,15 @@ class KernelReader:
         deleting them."""
         if self._future is not None:  # the previous step's: finish it first (rare: no collect)
             self._future.result()
-        self._future = self._pool.submit(self._read_new, keep_in)
+        # Listed here, between steps: every folder that exists now is complete. Listed on
+        # the helper thread, it could include the next step's, which MindSpore is still
+        # writing -- and then delete it under MindSpore, failing the user's step.
+        try:
+            dirs = list(iteration_dirs(self.dump.root))
+        except OSError as exc:
+            self.on_error("listing the kernel dump", exc)
+            return
+        self._future = self._pool.submit(self._read_new, keep_in, dirs)
 
     def collect(self) -> list[KernelRow]:
         fut, self._future = self._future, None
@@ -89,56 +98,86 @@ class KernelReader:
             self.on_error("reading the kernel dump", exc)
             return []
 
+    def idle(self) -> None:
+        """Wait until every queued read, move and deletion is done."""
+        self._pool.submit(lambda: None).result()
+
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=False)
 
     # ------------------------------------------------------------------ helper thread
-    def _read_new(self, keep_in: Path | None = None) -> list[KernelRow]:
+    def _read_new(self, keep_in: Path | None = None, dirs: list | None = None) -> list[KernelRow]:
         root = self.dump.root
-        todo = [(g, it, d) for g, it, d in iteration_dirs(root) if d not in self._done]
+        dirs = list(iteration_dirs(root)) if dirs is None else dirs
+        todo = [(g, it, d) for g, it, d in dirs if d not in self._done]
         c = self.counters
-        on_disk = sum(_size(d) for _, _, d in iteration_dirs(root))
-        c.high_water_bytes = max(c.high_water_bytes, on_disk)
         c.high_water_iterations = max(c.high_water_iterations, len(todo))
         rows: list[KernelRow] = []
-        orders: dict[int, dict[str, int]] = {}
+        on_disk = 0
         for graph_id, _, it_dir in todo:
-            order = orders.get(graph_id)
-            if order is None:
-                order = orders[graph_id] = execution_order(root, graph_id)
-            rows += self._read_iteration(it_dir, graph_id, order)
+            order = self._order_of(root, graph_id)
+            got, names, size = self._read_iteration(it_dir, graph_id, order)
+            rows += got
+            on_disk += size
             c.iterations += 1
-            if self.dump.own and keep_in is not None:
-                _move_all(it_dir, keep_in)
             if self.dump.own:
-                shutil.rmtree(it_dir, ignore_errors=True)
+                self._dispose(it_dir, names, keep_in)
             else:
                 self._done.add(it_dir)
+        c.high_water_bytes = max(c.high_water_bytes, on_disk)
         rows.sort(key=lambda r: r.order)
         return self._name_grads(rows)
 
-    def _read_iteration(self, it_dir: Path, graph_id: int, order: dict[str, int]) -> list[KernelRow]:
+    def _dispose(self, it_dir: Path, names: list[str], keep_in: Path | None) -> None:
+        """Move or delete a read iteration after its rows are handed back: queued behind
+        the read on the same thread, so the training thread never waits for the
+        deletion and the next read still starts with the disk cleared."""
+        def run() -> None:
+            if keep_in is not None:
+                _move_all(it_dir, keep_in)
+            _remove(it_dir, [] if keep_in is not None else names)
+        try:
+            self._pool.submit(run)
+        except RuntimeError:  # closing: no queue any more
+            run()
+
+    def _order_of(self, root: Path, graph_id: int) -> dict[str, int]:
+        """The graph's execution order, read again only when MindSpore rewrites it."""
+        stamp = _stamp(root, graph_id)
+        hit = self._orders.get(graph_id)
+        if hit is None or hit[0] != stamp:
+            hit = self._orders[graph_id] = (stamp, execution_order(root, graph_id))
+        return hit[1]
+
+    def _read_iteration(self, it_dir: Path, graph_id: int,
+                        order: dict[str, int]) -> tuple[list[KernelRow], list[str], int]:
+        """(rows, every file name seen, bytes on disk) of one iteration folder."""
         rows: list[KernelRow] = []
+        names: list[str] = []
+        size = 0
         c = self.counters
-        for entry in os.scandir(it_dir):
-            try:
-                if entry.name == "statistic.csv":
-                    rows += [self._csv_row(s, graph_id, order) for s in read_statistic_csv(Path(entry.path))]
-                    continue
-                t = parse_name(entry.name, Path(entry.path))
-                if t is None:
-                    continue
-                arr = load_npy(entry.path)
-                c.files += 1
-                c.bytes_read += entry.stat().st_size
-                crc = _is_reduced(t)
-                st = array_stats(arr, _dtype_name(t.dtype), crc=crc)
-                rows.append(KernelRow(t.record_name, _kind(t), st, _order(t, graph_id, order)))
-                c.seen_kernels.add(t.op_type)
-            except Exception as exc:  # noqa: BLE001 - one bad file never loses the rest
-                c.errors += 1
-                c.last_error = f"{entry.name}: {exc!r}"
-        return rows
+        with os.scandir(it_dir) as entries:
+            for entry in entries:
+                names.append(entry.name)
+                try:
+                    nbytes = entry.stat().st_size
+                    size += nbytes
+                    if entry.name == "statistic.csv":
+                        rows += [self._csv_row(s, graph_id, order) for s in read_statistic_csv(Path(entry.path))]
+                        continue
+                    t = parse_name(entry.name)
+                    if t is None or (nbytes <= _SCALAR_FILE and _constant_input(t)):
+                        continue
+                    arr = load_npy(entry.path)
+                    c.files += 1
+                    c.bytes_read += nbytes
+                    st = array_stats(arr, _dtype_name(t.dtype), crc=_is_reduced(t))
+                    rows.append(KernelRow(t.record_name, _kind(t), st, _order(t, graph_id, order)))
+                    c.seen_kernels.add(t.op_type)
+                except Exception as exc:  # noqa: BLE001 - one bad file never loses the rest
+                    c.errors += 1
+                    c.last_error = f"{entry.name}: {exc!r}"
+        return rows, names, size
 
     def _csv_row(self, s: CsvStats, graph_id: int, order: dict[str, int]) -> KernelRow:
         st = TensorStats(s.tensor.dtype, list(s.shape), s.max, s.min, s.mean, s.norm, s.nan, s.inf, s.numel,
@@ -219,8 +258,30 @@ def _dtype_name(dtype: str) -> str:
     return dtype[:1].upper() + dtype[1:] if dtype else "Float32"
 
 
-def _size(d: Path) -> int:
+#: An .npy of one element of at most 8 bytes: NumPy's header (128 bytes) and the value.
+_SCALAR_FILE = 136
+
+
+def _constant_input(t: KernelTensor) -> bool:
+    """A one-element bool/integer input: an operator attribute MindSpore passes as an
+    input (MatMul's transpose flags, a convolution's stride). It cannot be non-finite
+    and is the same every step, so it is not read."""
+    return t.io == "input" and t.dtype[:1].lower() in ("b", "i", "u")
+
+
+def _remove(it_dir: Path, names: list[str]) -> None:
+    """Delete a read iteration folder by the names already listed (no second walk)."""
     try:
-        return sum(e.stat().st_size for e in os.scandir(d))
+        for name in names:
+            os.unlink(os.path.join(it_dir, name))
+        os.rmdir(it_dir)
+    except OSError:  # something new or a sub-folder appeared: the slow way
+        shutil.rmtree(it_dir, ignore_errors=True)
+
+
+def _stamp(root: Path, graph_id: int) -> tuple:
+    try:
+        return tuple(p.stat().st_mtime_ns for p in
+                     root.glob(f"rank_*/execution_order/ms_execution_order_graph_{graph_id}.csv"))
     except OSError:
-        return 0
+        return ()

@@ -32,6 +32,12 @@ class Watch:
         return {"rank": rank, "mode": self.mode, "how": self.how, "reason": self.reason}
 
 
+#: Why nothing inside a PIJit call is seen: rankscope keeps out of the frames PIJit
+#: captures (any Python of its own there changes the graph PIJit builds), and PIJit's
+#: graph runs are not kernel-dumped.
+PIJIT_UNSEEN = "nothing inside jit(capture_mode=\"bytecode\") calls is seen: rankscope stays out of them"
+
+
 class WatchReporter:
     """Decides the rank's watch line from what the probe saw, and says it once."""
 
@@ -41,8 +47,10 @@ class WatchReporter:
         self.jit_steps = 0  # PyNative steps made by an @ms.jit function
         self.eager_steps = 0
         self.jit_compiles = 0
+        self.pijit_calls = 0  # calls of jit(capture_mode="bytecode") functions
         self.kernel_dump: str | None = None  # how the kernel dump is set, or None
         self.kernel_problem = ""  # why the kernel dump is not available
+        self.eager_unseen = ""  # why eager steps get no hooks (the level), or ""
         self.silent = False  # handed over to the script's own debugger, which will say it
         self.serving: str | None = None  # class of the forward-only model found, if any
 
@@ -61,6 +69,10 @@ class WatchReporter:
                 how = "hooks" + (" + the kernel dump for its jit parts" if self.kernel_dump
                                  else "; its jit parts are not watched")
                 return Watch(JIT, how, "" if self.kernel_dump else self.kernel_problem)
+            if self.pijit_calls:
+                return Watch(JIT, "hooks outside its jit(capture_mode=\"bytecode\") functions", PIJIT_UNSEEN)
+            if self.eager_unseen:
+                return Watch(PYNATIVE, "step sentinels only (parameters, loss)", self.eager_unseen)
             if self.serving:
                 return Watch(PYNATIVE, f"hooks on serving model {self.serving} (forward-only, "
                              "one step per request batch)")

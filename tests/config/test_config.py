@@ -89,7 +89,9 @@ def test_to_dict_is_json_round_trippable(tmp_path):
 @pytest.mark.parametrize("raw, field, value", [
     ({"taks": "statistics"}, "taks", "statistics"),
     ({"task": "overflow"}, "task", "overflow"),
-    ({"level": "L2"}, "level", "L2"),
+    ({"level": "L3"}, "level", "L3"),
+    ({"level": "l2"}, "level", "l2"),
+    ({"level": "L2", "statistics": {"scope": ["Cell.a", "Cell.b"]}}, "statistics.scope", ["Cell.a", "Cell.b"]),
     ({"level": 0}, "level", 0),
     ({"dump_path": 5}, "dump_path", 5),
     ({"step": "1-3"}, "step", "1-3"),
@@ -165,3 +167,20 @@ def test_step_range_bounds():
 def test_parse_cluster_defaults_and_none():
     assert parse_cluster(None) == ClusterSettings() == parse_cluster({})
     assert parse_cluster({"on_terminate": "exit"}).on_terminate == "exit"
+
+
+def test_level_l2_is_msprobes_kernel_level(tmp_path):
+    """msProbe's static-graph kernel dump: accepted from the file and the constructor,
+    with a task section's kernel list; one spelling."""
+    from rankscope.config.schema import KERNEL_LEVEL
+    assert KERNEL_LEVEL == "L2"
+    cfg = load_config(write(tmp_path, {"task": "tensor", "level": "L2", "step": [2, 3],
+                                       "tensor": {"list": ["MatMul"]}}))
+    assert (cfg.task, cfg.level, cfg.step, cfg.list) == ("tensor", "L2", [2, 3], ["MatMul"])
+    assert load_config(None, level="L2").level == "L2"
+    with pytest.raises(ConfigError) as err:
+        load_config(write(tmp_path, {"level": "L2", "statistics": {"scope": ["Cell.a", "Cell.b"]}}))
+    assert "level L2 does not record" in str(err.value)
+    with pytest.raises(ConfigError) as err:
+        load_config(None, level="L4")
+    assert "'L2'" in str(err.value)  # the error lists it among the levels

@@ -20,7 +20,7 @@ SCRIPT = textwrap.dedent("""
     import mindspore as ms
     from mindspore import nn, ops
     STYLE = sys.argv[1]
-    ms.set_context(mode=ms.PYNATIVE_MODE if STYLE.startswith("jit") else ms.GRAPH_MODE)
+    ms.set_context(mode=ms.PYNATIVE_MODE if STYLE.endswith(("jit", "_fn", "_cell")) else ms.GRAPH_MODE)
     ms.set_device("CPU")
     ms.set_seed(3)
 
@@ -43,7 +43,8 @@ SCRIPT = textwrap.dedent("""
         return output * 1.0
     net.a.register_forward_hook(user_hook)
     loss_net = nn.WithLossCell(net, nn.MSELoss())
-    opt = nn.SGD(net.trainable_params(), learning_rate=0.05)
+    opt = (nn.Adam(net.trainable_params(), learning_rate=0.01) if STYLE == "pijit"
+           else nn.SGD(net.trainable_params(), learning_rate=0.05))
 
     class GradOpStep(nn.Cell):
         def __init__(self):
@@ -72,15 +73,23 @@ SCRIPT = textwrap.dedent("""
         opt(grads)
         return loss
 
+    def pijit_step(x, y):  # bytecode capture: PIJit compiles what it can of the frame
+        loss, grads = grad_fn(x, y)
+        opt(grads)
+        return loss
+    pijit_step = ms.jit(pijit_step, capture_mode="bytecode")
+
     step = {"gradop": GradOpStep, "functional": FunctionalStep,
             "cell": lambda: nn.TrainOneStepCell(loss_net, opt)}.get(STYLE)
     step = step() if step else None
     losses = []
-    for i in range(3):
+    for i in range(5 if STYLE == "pijit" else 3):
         rs = np.random.RandomState(i)
         x, y = ms.Tensor(rs.randn(4, 6).astype(np.float32)), ms.Tensor(rs.randn(4, 1).astype(np.float32))
         if step is not None:
             loss = step(x, y)
+        elif STYLE == "pijit":
+            loss = pijit_step(x, y)
         elif STYLE == "jit_fn":
             loss = jit_step(x, y)
         else:  # jit_cell: compiled forward, eager backward and optimizer
@@ -111,6 +120,9 @@ def run(tmp_path: Path, style: str, attach: bool) -> tuple[dict, str]:
     ("cell", "GRAPH mode, watched through"),
     ("jit_fn", "PyNative+jit mode, watched through the kernel dump"),
     ("jit_cell", "PyNative+jit mode, watched through hooks"),
+    # PIJit: rankscope stays out of the captured frames (bit-identical losses), the step
+    # is watched from outside the call and the line says what that leaves unseen.
+    ("pijit", "PyNative+jit mode, watched through step sentinels only (parameters, loss) (nothing inside"),
 ])
 def test_compiled_code_runs_as_unprobed_and_says_how_it_is_watched(tmp_path, style, says):
     plain, _ = run(tmp_path, style, attach=False)

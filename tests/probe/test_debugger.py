@@ -401,3 +401,18 @@ def test_device_side_stats_give_the_same_dump(tmp_path, monkeypatch):
         for key in ("Max", "Min"):
             assert leaf_d[key] == pytest.approx(leaf_h[key], rel=1e-6)
         assert leaf_d["Norm"] == pytest.approx(leaf_h["Norm"], rel=1e-4)
+
+
+def test_level_l2_in_pynative_records_no_eager_data_and_says_so(tmp_path):
+    """L2 is the kernel level: an eager step has no kernels to read, so no Cell/API hook
+    runs, training is bit-identical, the Python-API path refuses plainly and the watch
+    line says what was not seen."""
+    plain, _, _ = train(3)
+    dbg = PrecisionDebugger(dump_path=str(tmp_path / "dump"), level="L2")
+    losses, _, net = train(3, dbg)
+    assert [a.tobytes() for a in losses] == [a.tobytes() for a in plain]
+    assert not any(c._forward_hook or c._forward_pre_hook for _, c in net.cells_and_names())
+    with pytest.raises(ValueError, match="level L2 records kernels of compiled code only"):
+        dbg.register_custom_api(ms.ops, "relu", "Functional")
+    w = dbg.graph.report.current()
+    assert "sentinels only" in w.how and "level L2" in w.reason

@@ -5,6 +5,7 @@ the real dump is exercised by the GRAPH e2e job."""
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 
 import numpy as np
@@ -73,8 +74,32 @@ def test_a_step_reads_in_execution_order_names_the_gradients_and_leaves_no_files
     red = by["Sentinel.grad_reduced.l1.bias"]
     assert red.kind is Kind.GRAD_REDUCED and red.stats.crc != NO_CRC and red.stats.max == 0.75
     assert by["Sentinel.grad_local.l1.weight"].stats.crc == NO_CRC
+    reader.idle()  # deletion runs after the rows are handed back
     assert not list((root / "rank_0" / "rankscope" / "0").iterdir())  # read, then deleted
     assert reader.counters.high_water_iterations == 1 and reader.counters.high_water_bytes > 0
+    reader.close()
+
+
+def test_attribute_inputs_are_deleted_unread_and_a_new_execution_order_is_reread(tmp_path):
+    root = tmp_path / "kernels"
+    order_csv(root, [SCOPE])
+    d = root / "rank_0" / "rankscope" / "0" / "0"
+    write(d, "MatMul", SCOPE, "input", 0, np.ones((2, 3), np.float32), 5)
+    write(d, "MatMul", SCOPE, "input", 2, np.array(False), 6)  # transpose_a, passed as an input
+    write(d, "MatMul", SCOPE, "output", 0, np.array(True), 7)  # an output is always read
+    reader = KernelReader(KernelDump(root, True, "tensor", "x"), lambda *_: None)
+    reader.submit()
+    names = [r.name.rsplit(".", 2)[1:] for r in reader.collect()]
+    assert names == [["input", "0"], ["output", "0"]]
+    reader.idle()
+    assert not d.exists() and reader.counters.files == 2
+    later = "Default_loss_net-WeightedLoss_net-Tower_l0-Dense_MatMul-op9"
+    order_csv(root, [later, SCOPE])  # recompiled: the new order is read, not the cached one
+    write(d, "MatMul", SCOPE, "input", 0, np.ones((2, 3), np.float32), 8)
+    write(d, "MatMul", later, "input", 0, np.ones((2, 3), np.float32), 9)
+    os.utime(root / "rank_0" / "execution_order" / "ms_execution_order_graph_0.csv", ns=(1, 1))
+    reader.submit()
+    assert [r.name.split(".")[1] for r in reader.collect()] == [later, SCOPE]
     reader.close()
 
 
@@ -171,6 +196,7 @@ def test_tensor_task_keeps_kernel_files_in_msprobes_static_graph_layout_for_coll
     reader = KernelReader(KernelDump(root, True, "tensor", "x"), lambda *_: None)
     reader.submit(keep_in=keep)
     assert len(reader.collect()) == 2
+    reader.idle()
     assert keep == dump_path / "rank_3" / "20261123120000" / "step_2"
     assert len(list(keep.glob("MatMul.*.npy"))) == 2
     assert not (root / "rank_0" / "rankscope" / "0" / "0").exists()

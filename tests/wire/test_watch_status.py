@@ -57,3 +57,17 @@ def test_coordinator_keeps_it_per_rank_and_launch_prints_it_once():
                     "rank 2: GRAPH mode, watched through the kernel dump"]
     assert watch_summary(pp.watch, ["0", "1", "2"]) == [
         *said, "rank 1: watch status unknown (the rank never reported one)"]
+
+
+def test_pijit_steps_say_what_is_not_seen_inside_them():
+    from rankscope.probe.watch import JIT, PIJIT_UNSEEN, WatchReporter
+    r = WatchReporter()
+    r.eager_steps, r.pijit_calls = 3, 3
+    w = r.current()
+    assert w.mode == JIT and "bytecode" in w.how and w.reason
+    assert len(w.line(1)) <= 300
+    r.jit_steps, r.kernel_problem = 3, PIJIT_UNSEEN  # the PIJit call is the training step
+    w = r.current()
+    assert "sentinels only" in w.how and w.reason == PIJIT_UNSEEN
+    r.jit_steps = r.pijit_calls = 0
+    assert r.current().how == "hooks"

@@ -13,6 +13,7 @@ import functools
 import importlib
 from typing import Any, Callable
 
+from rankscope.probe import compile_guard
 from rankscope.probe.hooks.recorder import Recorder
 from rankscope.wire.records import Kind
 
@@ -80,7 +81,9 @@ class ApiHooks:
             return False
         own = api in getattr(owner, "__dict__", {})
         self._patches[key] = (owner, api, orig, own)
-        setattr(owner, api, self._wrapper(orig, f"{prefix}.{api}"))
+        wrapper = self._wrapper(orig, f"{prefix}.{api}")
+        setattr(owner, api, wrapper)
+        compile_guard.api_wrapped(owner, api, wrapper, orig)
         return True
 
     def _wrap_primitive(self, cls: type) -> None:
@@ -91,12 +94,14 @@ class ApiHooks:
         self._patches[key] = (cls, "__call__", orig, "__call__" in cls.__dict__)
         base = self._wrapper(orig, f"Primitive.{cls.__name__.lower()}.{cls.__name__}")
         cls.__call__ = base
+        compile_guard.api_wrapped(cls, "__call__", base, orig)
 
     def restore(self, owner: Any, api: str) -> bool:
         entry = self._patches.pop((id(owner), api), None)
         if entry is None:
             return False
         owner, api, orig, own = entry
+        compile_guard.api_restored(owner, api)
         if own or not isinstance(owner, type):
             setattr(owner, api, orig)
         else:

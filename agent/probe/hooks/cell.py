@@ -73,7 +73,7 @@ class CellHooks:
         self._handles.append(compile_guard.register(cell, self._fwd_hook(prefix), with_kwargs=True))
         for pname, param in getattr(cell, "_params", {}).items():
             if param is not None and getattr(param, "requires_grad", False):
-                self._handles.append(param.register_hook(self._pgrad_hook(prefix, pname)))
+                self._handles.append(compile_guard.register_tensor_hook(param, self._pgrad_hook(prefix, pname)))
 
     def detach(self) -> None:
         for h in self._handles:

@@ -14,9 +14,10 @@ import time
 
 def worker(dp, inbox, outbox, out_dir, own_config, drift):
     os.environ.update(RANK_ID="0", LOCAL_RANK="0", WORLD_SIZE="1", VLLM_DP_RANK=str(dp), VLLM_DP_SIZE="3")
-    import numpy as np
     import mindspore as ms
+    import numpy as np
     from mindspore import nn
+
     from rankscope import PrecisionDebugger
 
     ms.set_context(mode=ms.PYNATIVE_MODE, device_target="CPU")
