@@ -23,6 +23,8 @@ from rankscope.wire.records import Kind, StepBatch
 DEAL_ORDER = (Kind.FORWARD, Kind.GRAD_LOCAL, Kind.PARAM, Kind.GRAD_REDUCED,
               Kind.BACKWARD, Kind.OPT_STATE, Kind.LOSS, Kind.SAVED)
 MAX_SHARDS = len(DEAL_ORDER)
+#: The shard count a coordinator uses when its cluster section does not name one.
+SHARDS_ENV = "RANKSCOPE_SHARDS"
 _ARRAYS = ("name_ids", "kinds", "exec_index", "stats", "nan_count", "inf_count", "numel", "crc32")
 
 

@@ -93,6 +93,13 @@ class CoordinatorCore:
                 continue
             ingest(b, now)
 
+    def on_progress(self, job: str, steps: dict[int, int]) -> None:
+        """Ranks' newest reported steps, as an ingest shard saw them (this core then
+        knows who runs and where, without their records)."""
+        now = self.clock()
+        for rank, step in steps.items():
+            self.aligner.note_step(self.aligner.rank(job, rank), step, now)
+
     def on_heartbeat(self, job: str, rank: int | None, step: int, state: str,
                      sync: SyncPoint | None = None, dropped: int | None = None,
                      started: int | None = None) -> None:

@@ -38,12 +38,16 @@ class VerdictMerge:
         self.judged: list[dict[str, int]] = [{} for _ in range(count)]
         self.held: dict[tuple[str, int], list[Verdict]] = {}
         self.other: list[Verdict] = []
+        #: job -> {rank: newest step}, from shard 0, until the filing core takes it.
+        self.progress: dict[str, dict[int, int]] = {}
         self._seen: collections.OrderedDict[tuple, None] = collections.OrderedDict()
 
     def add(self, f: ShardFindings) -> None:
         if not 0 <= f.shard < self.count:
             raise ValueError(f"shard: {f.shard} is not one of this merge's {self.count} shards")
         self.judged[f.shard].update(f.judged)
+        for job, steps in f.progress.items():
+            self.progress.setdefault(job, {}).update(steps)
         for step, v in f.steps:
             self.held.setdefault((v.group, step), []).append(v)
         for v in f.other:
@@ -67,6 +71,10 @@ class VerdictMerge:
                 continue
             out += merge_step(self.held.pop(gs))
         return sorted(out, key=Verdict.sort_key)
+
+    def take_progress(self) -> dict[str, dict[int, int]]:
+        out, self.progress = self.progress, {}
+        return out
 
     def pending(self) -> int:
         return sum(len(v) for v in self.held.values())

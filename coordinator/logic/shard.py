@@ -16,6 +16,7 @@ from typing import Any, Callable
 from rankscope.config.cluster import ClusterSettings
 from rankscope.coordinator.logic.core import CoordinatorCore
 from rankscope.coordinator.logic.verdict import Verdict
+from rankscope.wire.records import StepBatch
 
 
 @dataclass
@@ -30,15 +31,19 @@ class ShardFindings:
     steps: list[tuple[int, Verdict]] = field(default_factory=list)
     other: list[Verdict] = field(default_factory=list)
     judged: dict[str, int] = field(default_factory=dict)
+    #: job -> {rank: newest step reported since the last findings} (shard 0 only).
+    progress: dict[str, dict[int, int]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {"shard": self.shard, "steps": [(s, v.to_dict()) for s, v in self.steps],
-                "other": [v.to_dict() for v in self.other], "judged": dict(self.judged)}
+                "other": [v.to_dict() for v in self.other], "judged": dict(self.judged),
+                "progress": {j: list(p.items()) for j, p in self.progress.items()}}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "ShardFindings":
         return cls(int(d["shard"]), [(int(s), Verdict.from_dict(v)) for s, v in d["steps"]],
-                   [Verdict.from_dict(v) for v in d["other"]], {str(k): int(v) for k, v in d["judged"].items()})
+                   [Verdict.from_dict(v) for v in d["other"]], {str(k): int(v) for k, v in d["judged"].items()},
+                   {str(j): {int(r): int(s) for r, s in p} for j, p in (d.get("progress") or {}).items()})
 
 
 class ShardCore(CoordinatorCore):
@@ -47,6 +52,16 @@ class ShardCore(CoordinatorCore):
                  wall_clock: Callable[[], float] = time.time) -> None:
         super().__init__(settings, clock, export_dir=None, wall_clock=wall_clock)
         self.shard = shard
+        self._progress: dict[str, dict[int, int]] = {}
+
+    def on_steps(self, batches: list[StepBatch]) -> None:
+        super().on_steps(batches)
+        if self.shard == 0:
+            for b in batches:
+                self._progress.setdefault(b.job, {})[b.rank] = b.step
+
+    def on_step(self, batch: StepBatch) -> None:
+        self.on_steps([batch])
 
     def judge(self, now: float | None = None, force: bool = False) -> ShardFindings:
         now = self.clock() if now is None else now
@@ -62,6 +77,7 @@ class ShardCore(CoordinatorCore):
                     self._stall(grp.job, [v.rank, *v.ties])
                     out.other.append(v)
         out.judged = {g.label: g.judged_through for g in self.aligner.groups.values()}
+        out.progress, self._progress = self._progress, {}
         return out
 
     def tick(self, now: float | None = None) -> list[Verdict]:  # type: ignore[override]

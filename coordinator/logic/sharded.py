@@ -51,9 +51,14 @@ class ShardedCore:
     def tick(self, now: float | None = None) -> list[Verdict]:
         for s in self.shards:
             self.merge.add(s.judge(now))
-        return self.core.accept(self.merge.release(), now)
+        return self._file(self.merge.release(), now)
 
     def drain(self) -> list[Verdict]:
         for s in self.shards:
             self.merge.add(s.judge(force=True))
-        return self.core.accept(self.merge.release(force=True))
+        return self._file(self.merge.release(force=True), None)
+
+    def _file(self, verdicts: list[Verdict], now: float | None) -> list[Verdict]:
+        for job, steps in self.merge.take_progress().items():
+            self.core.on_progress(job, steps)
+        return self.core.accept(verdicts, now)
