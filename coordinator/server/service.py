@@ -7,6 +7,7 @@ the core or the socket runs on the front end's loop thread (via
 """
 from __future__ import annotations
 
+import collections
 import json
 import logging
 import os
@@ -54,6 +55,7 @@ class CoordinatorService(Handlers):
         self.actions = ActionPerformer(self.core, self.export_dir, self._send_control)
         self.collector = None  # rankscope.coordinator.server.dump_collect.DumpCollector, created on first collect
         self.last_judged_step = -1
+        self.judged_walls: collections.deque[tuple[int, float]] = collections.deque(maxlen=512)
         self._next_lag = 0.0
         self._known_incidents = {d["incident_id"] for d in self.core.incidents()}  # restored ones
         self.link = link
@@ -155,8 +157,13 @@ class CoordinatorService(Handlers):
         """After tick/drain: perform the core's actions, update metrics."""
         self.actions.run()
         counters = self.core.aligner.counters
-        for grp in self.core.aligner.groups.values():
-            self.last_judged_step = max(self.last_judged_step, grp.judged_through)
+        newest = max((g.judged_through for g in self.core.aligner.groups.values()), default=-1)
+        if self.link is not None:
+            newest = max([newest] + [self.merge.judged_through(g) for g in {g for j in self.merge.judged for g in j}])
+        if newest > self.last_judged_step:
+            # When each step was judged (detection latency = this - the step's last frame sent).
+            self.judged_walls.append((newest, time.time()))
+            self.last_judged_step = newest
         rejected = sum(self.frontend.decoder.rejected.values())
         opened = 0
         if verdicts:
@@ -221,6 +228,7 @@ class CoordinatorService(Handlers):
         return {
             "endpoint": self.endpoint, "job": self.job, "ranks": ranks, "pid": os.getpid(),
             "last_judged_step": self.last_judged_step, "pending_steps": core.get("pending_steps"),
+            "judged_walls": list(self.judged_walls),
             "counters": core.get("counters"), "jobs": core.get("jobs"),
             "incidents": self._incidents(), "terminated": self.actions.terminated,
             "metrics": self.metrics.snapshot(), "lag_steps": self._lag(core),
@@ -234,9 +242,7 @@ class CoordinatorService(Handlers):
 
     def _shard_status(self) -> dict:
         shards = self.link.status()
-        groups = {g for s in shards for g in (s.get("judged") or {})}
-        return {"shards": shards, "records": sum(s.get("records", 0) for s in shards),
-                "last_judged_step": max((self.merge.judged_through(g) for g in groups), default=-1)}
+        return {"shards": shards, "records": sum(s.get("records", 0) for s in shards)}
 
     def _coverage(self) -> dict[str, dict]:
         jobs = {j for j, _ in self.core.aligner.ranks}
