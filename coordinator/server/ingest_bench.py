@@ -271,9 +271,10 @@ def run_ingest(ranks: int, tensors: int, steps: int, *, nodes: int | None = None
             if judged is not None:
                 lat.append((judged - t_sent) * 1000.0)
         if "shards" in final:
-            per = [{"shard": x["shard"], "node": x.get("node"), "records": x["records"],
-                    "records_per_s": x["records_per_s"], "peak_rss_mb": round(x["peak_rss_bytes"] / 2**20, 1)}
-                   for x in final["shards"]]
+            # Throughput from phase 1 alone (its status), memory at the end.
+            per = [{"shard": x["shard"], "node": x.get("node"), "records": y["records"],
+                    "records_per_s": x["records_per_s"], "peak_rss_mb": round(y["peak_rss_bytes"] / 2**20, 1)}
+                   for x, y in zip(st["shards"], final["shards"])]
         else:
             peak = _peak_rss(final["pid"])
             per = [{"shard": 0, "records": _ingested(final), "records_per_s": round(records1 / elapsed, 1),

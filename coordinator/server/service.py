@@ -177,8 +177,13 @@ class CoordinatorService(Handlers):
         for job in self.core.terminated_jobs - self._told_terminated:
             self.link.event("job_terminated", job)
             self._told_terminated.add(job)
-        replies, self._replies = self._replies, []
-        self.link.flush(wait_s=30.0 if replies else None)
+        replies = self._replies
+        try:
+            self.link.flush(wait_s=30.0 if replies else None)
+        except Exception as exc:  # noqa: BLE001 - a slow or failed shard: the replies wait for the next tick
+            log.warning("ingest shards did not take registrations yet (%s); %d replies wait", exc, len(replies))
+            return self.core.tick(now)
+        self._replies = []
         for ident, job, detail in replies:
             self.frontend.send_status(ident, "assigned", job=job, detail=detail)
         for job, steps in self.merge.take_progress().items():

@@ -116,7 +116,19 @@ class ShardService(Handlers):
                 "last_step_wall": self.last_wall, "records_per_s": round(self.records / span) if span > 0 else None,
                 "pending_steps": self.core.aligner.pending_steps(), "counters": dict(self.core.aligner.counters),
                 "rss_bytes": _rss_bytes(), "peak_rss_bytes": _peak_rss_bytes(),
-                "judged": {g.label: g.judged_through for g in self.core.aligner.groups.values()}}
+                "judged": {g.label: g.judged_through for g in self.core.aligner.groups.values()},
+                "waiting_for": self._waiting_for()}
+
+    def _waiting_for(self, limit: int = 16) -> dict[str, list[int]]:
+        """Per group, live ranks its oldest pending step still waits for (why it is not judged)."""
+        out = {}
+        for g in self.core.aligner.groups.values():
+            if g.slots:
+                slot = g.slots[min(g.slots)]
+                live = g.live_mask()
+                n = min(live.shape[0], slot.reported.shape[0])
+                out[g.label] = [int(r) for r in g.ranks()[:n][live[:n] & ~slot.reported[:n]][:limit]]
+        return out
 
 
 class _ShardActor:
@@ -195,7 +207,7 @@ class ShardLink:
             self._inflight += [h.feed.remote(seq, q) for h, q in zip(self.handles, self._queue)]
             self._queue = [[] for _ in self.handles]
         if wait_s is not None and self._inflight:
-            ray.get(self._inflight, timeout=wait_s)
+            ray.get(self._inflight, timeout=wait_s)  # raises (refs kept) when a shard is late
             self._inflight = []
         elif self._inflight:
             done, self._inflight = ray.wait(self._inflight, num_returns=len(self._inflight), timeout=0)

@@ -6,14 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import ray
-import zmq
 
 from rankscope.coordinator.server.actor import start_coordinator
 from rankscope.coordinator.server.ingest_bench import simulated_batch
-from rankscope.wire import protocol
-from rankscope.wire.shards import ShardMap
-from rankscope.wire.transport import connect_dealer
-from tests.sim_agent import SimAgent, wait_for
+from tests.sim_agent import RoutingAgent, SimAgent, wait_for
 
 pytestmark = pytest.mark.ray
 NS = "rankscope-test-shards"
@@ -24,32 +20,6 @@ def local_ray():
     ray.init(num_cpus=2, include_dashboard=False, namespace=NS, log_to_driver=False)
     yield
     ray.shutdown()
-
-
-class RoutingAgent(SimAgent):
-    """SimAgent that sends STEP records to the shards named in the registration reply."""
-
-    def learn_shards(self, ranks: int) -> dict:
-        detail = None
-        for _ in range(ranks):
-            msg = self.recv(30.0)
-            assert msg is not None and msg.body["what"] == "assigned", msg
-            detail = msg.body["detail"]["shards"]
-        self.map = ShardMap.from_wire(detail)
-        self.shard_socks = [connect_dealer(self.ctx, ep, b"agent:sim:1") for ep in detail["endpoints"]]
-        return detail
-
-    def step(self, batch) -> bytes:
-        for sock, part in zip(self.shard_socks, self.map.split(batch)):
-            msg = protocol.step_message(part, f"rank:simhost:{batch.rank}", 0)
-            msg.seq = self.seqs.setdefault(msg.src, protocol.SeqCounter())()
-            sock.send(protocol.encode(msg))
-        return b""
-
-    def close(self) -> None:
-        for s in self.shard_socks:
-            s.close(linger=0)
-        super().close()
 
 
 def _steps(agent, ranks, steps, fault, tensors=12):
