@@ -7,8 +7,9 @@ Everything else a rank says (registration, heartbeats, losses) reaches the verdi
 which hands it on to every shard in order (:class:`ShardLink`). Each tick a shard judges
 what is complete and pushes its findings to the verdict actor, which merges them.
 
-Shards are created with Ray's SPREAD scheduling: on a cluster of several nodes they land
-on different nodes (as far as there are nodes), so their cores and memory add up.
+Shards are dealt over the Ray cluster's nodes (:func:`placement`): on a cluster of several
+nodes they land on different nodes (as far as there are nodes), so their cores and memory
+add up.
 """
 from __future__ import annotations
 
@@ -168,8 +169,23 @@ def start_shards(count: int, cluster: dict, job: str | None, verdict: Any, bind:
     actor's interface with a port of its own (agents reach the shards where they reach it;
     a wildcard bind is each shard's own node address)."""
     host = bind[len("tcp://"):].rsplit(":", 1)[0] if bind.startswith("tcp://") else "127.0.0.1"
-    return [ray.remote(_ShardActor).options(num_cpus=0, max_concurrency=4, scheduling_strategy="SPREAD")
-            .remote(i, cluster, f"tcp://{host}:0", job, verdict, curve) for i in range(count)]
+    return [ray.remote(_ShardActor).options(num_cpus=0, max_concurrency=4, scheduling_strategy=where)
+            .remote(i, cluster, f"tcp://{host}:0", job, verdict, curve)
+            for i, where in enumerate(placement(count))]
+
+
+def placement(count: int) -> list[Any]:
+    """Where each shard goes: the Ray nodes dealt round-robin, the verdict actor's own node
+    last (Ray's SPREAD does not spread actors that ask for no CPU). Hard affinity: with a
+    soft one Ray kept both shards of a two-node cluster on one node; a node lost later
+    fails its shard, and the restarted coordinator places them again."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+    here = ray.get_runtime_context().get_node_id()
+    nodes = sorted(n["NodeID"] for n in ray.nodes() if n.get("Alive"))
+    nodes = [n for n in nodes if n != here] + [n for n in nodes if n == here]
+    if len(nodes) < 2:
+        return ["DEFAULT"] * count
+    return [NodeAffinitySchedulingStrategy(node_id=nodes[i % len(nodes)], soft=False) for i in range(count)]
 
 
 class ShardLink:

@@ -69,14 +69,15 @@ def two_nodes(monkeypatch):
     # A loaded machine starts a node's agents slowly: give them time to register.
     env = dict(os.environ, RAY_AUTH_MODE="disabled", RAY_agent_register_timeout_ms="120000")
     env.pop("RAY_ADDRESS", None)
-    common = ["--num-cpus=1", f"--dashboard-agent-listen-port={_port()}", f"--metrics-export-port={_port()}",
-              f"--runtime-env-agent-port={_port()}", "--disable-usage-stats"]
+    def common() -> list[str]:  # ports of each node's own agents: two nodes on one machine must not share them
+        return ["--num-cpus=1", f"--dashboard-agent-listen-port={_port()}", f"--dashboard-agent-grpc-port={_port()}",
+                f"--metrics-export-port={_port()}", f"--runtime-env-agent-port={_port()}", "--disable-usage-stats"]
     head = _ray_start(["--head", f"--port={port}", f"--ray-client-server-port={_port()}", "--include-dashboard=false",
-                       f"--temp-dir={work}/h", *common], work / "head.log", env)
+                       f"--temp-dir={work}/h", *common()], work / "head.log", env)
     procs = [head]
     try:
         _wait_log(head, work / "head.log")
-        worker = _ray_start([f"--address=127.0.0.1:{port}", f"--temp-dir={work}/w", *common], work / "worker.log", env)
+        worker = _ray_start([f"--address=127.0.0.1:{port}", f"--temp-dir={work}/w", *common()], work / "worker.log", env)
         procs.append(worker)
         _wait_log(worker, work / "worker.log")
         monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
