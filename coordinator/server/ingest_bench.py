@@ -161,7 +161,7 @@ def _sender(node: int, ranks: list[int], args: dict, endpoint: str, ready: Any, 
     # no bundle, so the incident is written at its export timeout.
     time.sleep(0.2)
     for sk in {id(s): s for s in [sock, *socks]}.values():
-        sk.close(linger=0)
+        sk.close(linger=30_000)  # frames still queued (a large step) must reach the coordinator
     ctx.term()
 
 
