@@ -11,6 +11,7 @@ import zmq
 from rankscope.wire import protocol
 from rankscope.wire.protocol import Message
 from rankscope.wire.records import StepBatch
+from rankscope.wire.shards import ShardMap
 from rankscope.wire.transport import connect_dealer
 
 
@@ -88,6 +89,32 @@ class SimAgent:
     def close(self) -> None:
         self.sock.close(linger=0)
         self.ctx.term()
+
+
+class RoutingAgent(SimAgent):
+    """SimAgent that sends STEP records to the shards named in the registration reply."""
+
+    def learn_shards(self, ranks: int) -> dict:
+        detail = None
+        for _ in range(ranks):
+            msg = self.recv(30.0)
+            assert msg is not None and msg.body["what"] == "assigned", msg
+            detail = msg.body["detail"]["shards"]
+        self.map = ShardMap.from_wire(detail)
+        self.shard_socks = [connect_dealer(self.ctx, ep, b"agent:sim:1") for ep in detail["endpoints"]]
+        return detail
+
+    def step(self, batch) -> bytes:
+        for sock, part in zip(self.shard_socks, self.map.split(batch)):
+            msg = protocol.step_message(part, f"rank:simhost:{batch.rank}", 0)
+            msg.seq = self.seqs.setdefault(msg.src, protocol.SeqCounter())()
+            sock.send(protocol.encode(msg))
+        return b""
+
+    def close(self) -> None:
+        for s in self.shard_socks:
+            s.close(linger=0)
+        super().close()
 
 
 def wait_for(fn, timeout: float = 20.0, every: float = 0.05):

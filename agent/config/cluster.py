@@ -22,6 +22,7 @@ from rankscope.config.checks import (
 from rankscope.config.detectors import DetectorSettings, parse_detectors
 from rankscope.config.errors import ConfigError
 from rankscope.config.watchpoints import WatchpointRule, parse_watchpoints
+from rankscope.wire.shards import check_shard_count
 
 
 class OnDivergence(str, enum.Enum):
@@ -82,6 +83,9 @@ class ClusterSettings:
     #: Zero-code serving: the root model's forward calls a..b of each request batch to
     #: record (``start(model, token_range=...)``'s meaning); None records every call.
     token_range: tuple[int, int] | None = None
+    #: Ingest shards of the coordinator (Ray actors judging a share of the record kinds
+    #: each, one verdict actor merging them); 1 = one coordinator actor.
+    shards: int = 1
     #: The section as written (validated): what a process hands on to another.
     section: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
@@ -129,6 +133,11 @@ def parse_cluster(section: Mapping[str, Any] | None) -> ClusterSettings:
             kw[key] = _parse_graph_kernels(val)
         elif key == "token_range":
             kw[key] = _parse_token_range(val)
+        elif key == "shards":
+            try:
+                kw[key] = check_shard_count(val, fld)
+            except ValueError as exc:
+                raise ConfigError(fld, val, str(exc).split(": ", 1)[1]) from None
         elif key == "detectors":
             if val is not None:
                 kw[key] = parse_detectors(val)

@@ -21,6 +21,10 @@ def main(argv: list[str]) -> int:
     ing.add_argument("--nodes", type=int, default=None, help="simulated node agents (processes); default min(2, ranks)")
     ing.add_argument("--fault-rank", type=int, default=None,
                      help="inject a divergence on this rank to time its detection (default: none)")
+    ing.add_argument("--shards", type=int, default=1,
+                     help="ingest shard actors of the coordinator (cluster.shards; default: %(default)s)")
+    ing.add_argument("--paced-steps", type=int, default=10,
+                     help="clean steps sent one every 0.5 s, each timed from last frame to judged (default: %(default)s)")
     ing.add_argument("--export-dir", default=None, help="where incidents go (default: a temporary folder)")
     ing.add_argument("--scale", default=None, metavar="R1,R2,...",
                      help="one run per rank count (e.g. 8,64,256,1024), steps sized to --min-records; "
@@ -36,14 +40,19 @@ def main(argv: list[str]) -> int:
             ap.error(f"--scale {args.scale!r}: expected comma-separated rank counts")
         if not sizes or min(sizes) < 1:
             ap.error(f"--scale {args.scale!r}: rank counts must be >= 1")
-        rows = run_scale(sizes, args.tensors, args.min_records, log=say)
+        rows = run_scale(sizes, args.tensors, args.min_records, shards=args.shards, log=say)
         print(json.dumps({"scale": rows}), flush=True)
         return 0 if all(r["correct"] for r in rows) else 1
     if args.ranks < 1 or args.tensors < 3 or args.steps < 2:
         ap.error(f"need --ranks >= 1, --tensors >= 3, --steps >= 2 (got {args.ranks}, {args.tensors}, {args.steps})")
+    from rankscope.wire.shards import check_shard_count
+    try:
+        check_shard_count(args.shards, "--shards")
+    except ValueError as exc:
+        ap.error(str(exc))
     if args.fault_rank is not None and not 0 <= args.fault_rank < args.ranks:
         ap.error(f"--fault-rank {args.fault_rank} is not in [0, {args.ranks})")
     out = run_ingest(args.ranks, args.tensors, args.steps, nodes=args.nodes, fault_rank=args.fault_rank,
-                     export_dir=args.export_dir, log=say)
+                     export_dir=args.export_dir, shards=args.shards, paced=args.paced_steps, log=say)
     print(json.dumps(out), flush=True)
     return 0 if out["correct"] else 1

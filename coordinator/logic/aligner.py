@@ -250,12 +250,7 @@ class StepAligner:
             rec.layout = None
         n = len(b)
         self.counters["batches"] += 1
-        rec.last_seen = now
-        if rec.state in (RankState.EXPECTED, RankState.STALLED) or \
-                (rec.state is RankState.FINISHED and rec.last_step < 0):
-            rec.state = RankState.RUNNING
-        if b.step > rec.last_step:
-            rec.last_step = b.step
+        self.note_step(rec, b.step, now)
         grp = rec.group
         if b.step <= grp.judged_through:
             self.counters["late_records"] += n
@@ -290,6 +285,16 @@ class StepAligner:
         self.counters["records"] += layout.count
         if layout.unknown:
             self.counters["unknown_name_records"] += layout.unknown
+
+    @staticmethod
+    def note_step(rec: RankRecord, step: int, now: float) -> None:
+        """A rank reported ``step``: it is alive and running."""
+        rec.last_seen = now
+        if rec.state in (RankState.EXPECTED, RankState.STALLED) or \
+                (rec.state is RankState.FINISHED and rec.last_step < 0):
+            rec.state = RankState.RUNNING
+        if step > rec.last_step:
+            rec.last_step = step
 
     def _layout(self, rec: RankRecord, table: KeyTable, b: StepBatch, raw: bytes) -> "Layout":
         ids = b.name_ids

@@ -93,6 +93,13 @@ class CoordinatorCore:
                 continue
             ingest(b, now)
 
+    def on_progress(self, job: str, steps: dict[int, int]) -> None:
+        """Ranks' newest reported steps, as an ingest shard saw them (this core then
+        knows who runs and where, without their records)."""
+        now = self.clock()
+        for rank, step in steps.items():
+            self.aligner.note_step(self.aligner.rank(job, rank), step, now)
+
     def on_heartbeat(self, job: str, rank: int | None, step: int, state: str,
                      sync: SyncPoint | None = None, dropped: int | None = None,
                      started: int | None = None) -> None:
@@ -189,11 +196,16 @@ class CoordinatorCore:
                 for v in self.progress.lagging(grp):
                     self._stall(grp.job, [v.rank, *v.ties])
                     found.append(v)
+        return self.accept(found, now)
+
+    def accept(self, found: list[Verdict], now: float | None = None) -> list[Verdict]:
+        """File verdicts (this core's own, or merged from ingest shards): the repeats a
+        detector stays quiet about are dropped, the rest open or join incidents."""
         out = [v for v in sorted(found, key=Verdict.sort_key) if not self._suppressed(v)]
         for v in out:
             self.verdicts.append(v)
             self.book.open_or_attach(v)
-        self.book.advance(now)
+        self.book.advance(self.clock() if now is None else now)
         return out
 
     def _judge_step(self, grp: Group, view: StepView, report_missing: bool) -> list[Verdict]:

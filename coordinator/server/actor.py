@@ -30,9 +30,20 @@ class _CoordinatorActor:
         if curve:
             from rankscope.wire.transport import CurveKeys
             keys = CurveKeys(**curve)
+        from rankscope.config.cluster import parse_cluster
+        count = parse_cluster(cluster).shards
+        link = None
+        if count > 1:
+            from rankscope.coordinator.server.shards import ShardLink, start_shards
+            me = ray.get_runtime_context().current_actor
+            handles = start_shards(count, cluster, job, me, bind, curve)
+            link = ShardLink(handles, ray.get([h.endpoint.remote() for h in handles], timeout=60))
         self._svc = CoordinatorService(export_dir, cluster, bind=bind, job=job, curve=keys,
-                                       ray_metrics=True, config=config)
+                                       ray_metrics=True, config=config, link=link)
         self._endpoint = self._svc.start()
+
+    def shard_findings(self, findings: dict) -> None:
+        self._svc.shard_findings(findings)
 
     def endpoint(self) -> str:
         return self._endpoint
@@ -53,6 +64,8 @@ class _CoordinatorActor:
         """Stop the front end and flush incident files; the actor process itself is
         ended by the caller (``ray.kill``) or with its driver."""
         self._svc.stop()
+        if self._svc.link is not None:
+            self._svc.link.stop()
         return True
 
     def ping(self) -> bool:
@@ -73,6 +86,7 @@ def start_coordinator(export_dir: str, cluster: dict, *, name: str = DEFAULT_NAM
     """
     if not ray.is_initialized():
         ray.init(namespace=namespace, include_dashboard=False)
+    cluster = shards_from_env(cluster)
     try:
         handle = ray.get_actor(name, namespace=namespace)
         log.info("joining running coordinator %s/%s", namespace, name)
@@ -89,6 +103,20 @@ def start_coordinator(export_dir: str, cluster: dict, *, name: str = DEFAULT_NAM
             str(export_dir), dict(cluster or {}), bind, job, curve, config)
     ray.get(handle.endpoint.remote())  # surfaces a bind or settings error here, not later
     return handle
+
+
+def shards_from_env(cluster: dict | None) -> dict:
+    """The cluster section with ``shards`` from the environment when it does not say."""
+    import os
+
+    from rankscope.wire.shards import SHARDS_ENV
+    cluster = dict(cluster or {})
+    if "shards" not in cluster and os.environ.get(SHARDS_ENV):
+        try:
+            cluster["shards"] = int(os.environ[SHARDS_ENV])
+        except ValueError:
+            raise ValueError(f"{SHARDS_ENV}={os.environ[SHARDS_ENV]!r}: expected a shard count") from None
+    return cluster
 
 
 def concrete_bind(bind: str) -> str:

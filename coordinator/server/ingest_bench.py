@@ -11,9 +11,17 @@ Two phases, so each figure means one thing:
    ``records_per_s`` = records / (coordinator's last ingest - first send).
    Frames are encoded before the clock starts: the sender's cost is not the
    coordinator's.
-2. detection: once phase 1 is ingested, one more step in which ``--fault-rank``
-   has a NaN in a local gradient; ``detect_latency_ms`` = incident recorded (wall
-   clock in the actor) - last frame of that step sent.
+2. paced: ``PACED_STEPS`` clean steps, one every ``PACE_S``; per step, the time from
+   its last frame sent to the coordinator having judged it (when a fault in that step
+   would be found): ``judge_latency_ms`` median and p99.
+3. detection: one more step in which ``--fault-rank`` has a NaN in a local gradient;
+   ``detect_latency_ms`` = incident recorded (wall clock in the actor) - last frame of
+   that step sent.
+
+With ``shards`` > 1 the coordinator is K ingest shard actors and a verdict actor: each
+simulated node agent learns the shard map from its registration replies and sends each
+frame's records to their shard's socket, as a node agent does. Per shard: records/s
+(its records over its own first-to-last ingest) and peak memory (RSS of its process).
 
 The last line printed is JSON.
 """
@@ -63,51 +71,96 @@ def simulated_batch(job: str, rank: int, step: int, tensors: int, rng: np.random
 #: Sender processes meet at a barrier every this many steps, like a real DP job whose
 #: allreduce keeps ranks in step (free-running load generators drift apart by hundreds).
 SYNC_EVERY = 4
+#: Phase 2: clean steps sent one every PACE_S, each timed from last frame to judged.
+PACED_STEPS = 10
+PACE_S = 0.5
+
+
+def _learn_shards(sock: Any, n: int, timeout_s: float) -> dict | None:
+    """The shard map from the registration replies (None: one coordinator, no map)."""
+    decoder = protocol.Decoder()
+    detail = None
+    deadline = time.monotonic() + timeout_s
+    got = 0
+    while got < n and time.monotonic() < deadline:
+        if not sock.poll(100):
+            continue
+        msg = decoder.decode(sock.recv())
+        if msg is not None and msg.type == protocol.STATUS and msg.body["what"] == "assigned":
+            got += 1
+            detail = msg.body["detail"].get("shards")
+    if got < n:
+        raise TimeoutError(f"simulated node: {got} of {n} registrations answered")
+    return detail
 
 
 def _sender(node: int, ranks: list[int], args: dict, endpoint: str, ready: Any, go1: Any, go2: Any,
             results: Any, sync: Any) -> None:
     import zmq
 
+    from rankscope.wire.shards import ShardMap
     from rankscope.wire.transport import connect_dealer
 
     job, tensors, steps = args["job"], args["tensors"], args["steps"]
     rng = np.random.default_rng(node)
     seqs = {r: protocol.SeqCounter() for r in ranks}
-    frame = protocol.encode
-
-    register = [frame(protocol.Message(protocol.REGISTER, job, f"rank:{r}", seqs[r](), {
-        "host": f"simnode{node}", "pid": 100000 + r, "claimed_rank": r, "assigned_rank": r,
-        "world_size": args["ranks"]}))
-        for r in ranks]
-    phase1 = [[frame(protocol.step_message(simulated_batch(job, r, s, tensors, rng), f"rank:{r}", seqs[r]()))
-               for r in ranks] for s in range(steps - 1)]
-    last = steps - 1
-    phase2 = [frame(protocol.step_message(simulated_batch(job, r, last, tensors, rng, fault=(r == args["fault_rank"])),
-                                          f"rank:{r}", seqs[r]())) for r in ranks]
+    ident = f"agent:simnode{node}:{os.getpid()}".encode()
     ctx = zmq.Context()
-    sock = connect_dealer(ctx, endpoint, f"agent:simnode{node}:{os.getpid()}".encode())
+    sock = connect_dealer(ctx, endpoint, ident)
     sock.setsockopt(zmq.SNDHWM, 0)  # phase 1 is a burst: let it queue, the clock is on the receiver
-    for f in register:
-        sock.send(f)
+    for r in ranks:
+        sock.send(protocol.encode(protocol.Message(protocol.REGISTER, job, f"rank:{r}", seqs[r](), {
+            "host": f"simnode{node}", "pid": 100000 + r, "claimed_rank": r, "assigned_rank": r,
+            "world_size": args["ranks"]})))
+    shards = _learn_shards(sock, len(ranks), 120.0)
+    smap = ShardMap.from_wire(shards) if shards else ShardMap(1)
+    socks = [sock]
+    if shards:
+        socks = [connect_dealer(ctx, ep, ident) for ep in shards["endpoints"]]
+        for s in socks:
+            s.setsockopt(zmq.SNDHWM, 0)
+
+    def frames(s: int, fault: bool = False) -> list[tuple[Any, bytes]]:
+        # What a node agent does with a rank's step: one frame per shard, its records only.
+        out = []
+        for r in ranks:
+            b = simulated_batch(job, r, s, tensors, rng, fault=fault and r == args["fault_rank"])
+            seq = seqs[r]()
+            out += [(sk, protocol.encode(protocol.step_message(part, f"rank:{r}", seq)))
+                    for sk, part in zip(socks, smap.split(b))]
+        return out
+
+    n1, paced = steps - 1, args["paced"]
+    phase1 = [frames(s) for s in range(n1)]
+    phase_p = [frames(n1 + i) for i in range(paced)]
+    phase2 = frames(n1 + paced, fault=True)
     ready.set()
     go1.wait()
     t0 = time.time()
     for s, step_frames in enumerate(phase1):
-        for f in step_frames:
-            sock.send(f)
+        for sk, f in step_frames:
+            sk.send(f)
         if s % SYNC_EVERY == SYNC_EVERY - 1:
             sync.wait()
     t1 = time.time()
     go2.wait()
-    for f in phase2:
-        sock.send(f)
+    paced_sent = []
+    for i, step_frames in enumerate(phase_p):
+        sync.wait()  # every node starts the step together, like ranks after an allreduce
+        for sk, f in step_frames:
+            sk.send(f)
+        paced_sent.append((n1 + i, time.time()))
+        time.sleep(PACE_S)
+    sync.wait()
+    for sk, f in phase2:
+        sk.send(f)
     t2 = time.time()
-    results.put({"node": node, "phase1_start": t0, "phase1_sent": t1, "phase2_sent": t2})
+    results.put({"node": node, "phase1_start": t0, "phase1_sent": t1, "phase2_sent": t2, "paced_sent": paced_sent})
     # Control from the coordinator (export) is never read: simulated ranks have no gate and
     # no bundle, so the incident is written at its export timeout.
     time.sleep(0.2)
-    sock.close(linger=0)
+    for sk in {id(s): s for s in [sock, *socks]}.values():
+        sk.close(linger=30_000)  # frames still queued (a large step) must reach the coordinator
     ctx.term()
 
 
@@ -137,8 +190,26 @@ def inprocess_baseline(ranks: int, tensors: int, steps: int) -> float:
     return len(timed) * tensors / (time.perf_counter() - t0)
 
 
+def _ingested(st: dict) -> int:
+    return st["records"] if "shards" in st else st["metrics"]["records_ingested"]
+
+
+def _peak_rss(pid: int) -> int | None:
+    """Peak resident memory of a process on this machine (VmHWM), bytes."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
+    except (OSError, StopIteration):
+        return None
+
+
+def _percentile(xs: list[float], q: float) -> float | None:
+    return round(float(np.percentile(xs, q)), 1) if xs else None
+
+
 def run_ingest(ranks: int, tensors: int, steps: int, *, nodes: int | None = None, fault_rank: int | None = None,
-               export_dir: str | None = None, timeout_s: float = 300.0, log=print) -> dict:
+               export_dir: str | None = None, timeout_s: float = 300.0, shards: int = 1,
+               paced: int = PACED_STEPS, log=print) -> dict:
     from rankscope.coordinator.server.client import Coordinator, connect_ray, disconnect_ray
 
     if steps < 2 or ranks < 1 or tensors < 3:
@@ -154,7 +225,7 @@ def run_ingest(ranks: int, tensors: int, steps: int, *, nodes: int | None = None
     # one sender's frames can sit in buffers while the other's arrive (arrival skew of a
     # load generator, not a rank lagging). Deadlines and the other detectors stay on.
     cluster = {"on_divergence": "continue", "export_timeout_s": 1.0, "deadline_s": 60.0,
-               "detectors": {"progress": {"lag_steps": None}}}
+               "detectors": {"progress": {"lag_steps": None}}, "shards": shards}
     coord = Coordinator.start(export_dir, cluster, name=job, namespace="rankscope-bench", job=job)
     try:
         endpoint = coord.endpoint()
@@ -162,7 +233,8 @@ def run_ingest(ranks: int, tensors: int, steps: int, *, nodes: int | None = None
         ready = [spawn.Event() for _ in range(nodes)]
         go1, go2, results, sync = spawn.Event(), spawn.Event(), spawn.Queue(), spawn.Barrier(nodes)
         share = [list(range(ranks))[i::nodes] for i in range(nodes)]
-        args = {"job": job, "tensors": tensors, "steps": steps, "ranks": ranks, "fault_rank": fault_rank}
+        args = {"job": job, "tensors": tensors, "steps": steps, "ranks": ranks, "fault_rank": fault_rank,
+                "paced": paced}
         procs = [spawn.Process(target=_sender, args=(i, share[i], args, endpoint, ready[i], go1, go2, results, sync),
                                daemon=True) for i in range(nodes)]
         for p in procs:
@@ -173,7 +245,7 @@ def run_ingest(ranks: int, tensors: int, steps: int, *, nodes: int | None = None
         records1 = ranks * tensors * (steps - 1)
         log(f"bench ingest: {ranks} ranks x {tensors} tensors x {steps} steps via {nodes} simulated nodes -> {endpoint}")
         go1.set()
-        st = _wait(coord, lambda s: s["metrics"]["records_ingested"] >= records1, timeout_s,
+        st = _wait(coord, lambda s: _ingested(s) >= records1, timeout_s,
                    every=0.25)  # the figure uses the actor's own last-ingest time, not this poll
         judged_wait = _wait(coord, lambda s: (s.get("last_judged_step") or -1) >= steps - 2, 30.0,
                             must=False)
@@ -186,16 +258,37 @@ def run_ingest(ranks: int, tensors: int, steps: int, *, nodes: int | None = None
         phase2_sent = max(r["phase2_sent"] for r in sent)
         incs = coord.incidents()
         inc = min(incs, key=lambda i: i["detected_at_epoch"])
-        elapsed = st["last_step_wall"] - phase1_first
+        last_wall = max(x["last_step_wall"] for x in st["shards"]) if "shards" in st else st["last_step_wall"]
+        elapsed = last_wall - phase1_first
         final = coord.status()
+        fault_step = steps - 1 + paced
+        walls = final.get("judged_walls") or []
+        lat = []
+        for s, _ in sent[0]["paced_sent"]:
+            t_sent = max(dict(r["paced_sent"])[s] for r in sent)
+            judged = next((w for j, w in walls if j >= s), None)
+            if judged is not None:
+                lat.append((judged - t_sent) * 1000.0)
+        if "shards" in final:
+            # Throughput from phase 1 alone (its status), memory at the end.
+            per = [{"shard": x["shard"], "node": x.get("node"), "records": y["records"],
+                    "records_per_s": x["records_per_s"], "peak_rss_mb": round(y["peak_rss_bytes"] / 2**20, 1)}
+                   for x, y in zip(st["shards"], final["shards"])]
+        else:
+            peak = _peak_rss(final["pid"])
+            per = [{"shard": 0, "records": _ingested(final), "records_per_s": round(records1 / elapsed, 1),
+                    "peak_rss_mb": None if peak is None else round(peak / 2**20, 1)}]
         out = {
-            "ranks": ranks, "tensors": tensors, "steps": steps, "nodes": nodes,
-            "records": ranks * tensors * steps,
+            "ranks": ranks, "tensors": tensors, "steps": steps, "nodes": nodes, "shards": shards,
+            "records": ranks * tensors * (steps + paced),
             "records_per_s": round(records1 / elapsed, 1),
             "frames_per_s": round(ranks * (steps - 1) / elapsed, 1),
+            "per_shard": per,
+            "judge_latency_ms_median": _percentile(lat, 50), "judge_latency_ms_p99": _percentile(lat, 99),
+            "judge_latency_ms": [round(x, 1) for x in lat],
             "detect_latency_ms": round((inc["detected_at_epoch"] - phase2_sent) * 1000.0, 1),
             "detector": inc["detector"], "flagged_rank": inc["first_diverging_rank"], "flagged_step": inc["step"],
-            "correct": inc["first_diverging_rank"] == fault_rank and inc["step"] == steps - 1,
+            "correct": inc["first_diverging_rank"] == fault_rank and inc["step"] == fault_step,
             "fault_rank": fault_rank, "rejected": final.get("rejected"), "duplicates": final.get("duplicates"),
             "judged_before_fault": judged_wait is not None, "export_dir": export_dir,
         }
@@ -226,7 +319,7 @@ def _wait(coord: Any, cond, timeout_s: float, must: bool = True, every: float = 
         time.sleep(every)  # status() runs on the ingest thread: poll gently
 
 
-def run_scale(sizes: list[int], tensors: int, min_records: int, log=print) -> list[dict]:
+def run_scale(sizes: list[int], tensors: int, min_records: int, shards: int = 1, log=print) -> list[dict]:
     """One run per rank count in one Ray; steps chosen so that every run measures at
     least ``min_records`` records (a short run is all start-up noise)."""
     from rankscope.coordinator.server.client import connect_ray, disconnect_ray
@@ -235,7 +328,7 @@ def run_scale(sizes: list[int], tensors: int, min_records: int, log=print) -> li
         rows = []
         for r in sizes:
             steps = max(20, -(-min_records // (r * tensors)) + 1)
-            rows.append(run_ingest(r, tensors, steps, log=log))
+            rows.append(run_ingest(r, tensors, steps, shards=shards, log=log))
             o = rows[-1]
             log(f"  {r:>5} ranks x {tensors} tensors x {steps:>3} steps: {o['records_per_s'] / 1e3:8.0f}k records/s "
                 f"({o['vs_inprocess']:.2f}x in-process decode+core), detection {o['detect_latency_ms']:7.1f} ms, "

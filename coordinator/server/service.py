@@ -7,6 +7,7 @@ the core or the socket runs on the front end's loop thread (via
 """
 from __future__ import annotations
 
+import collections
 import json
 import logging
 import os
@@ -31,7 +32,10 @@ log = logging.getLogger(__name__)
 class CoordinatorService(Handlers):
     def __init__(self, export_dir: str | Path, cluster: dict | None = None, *,
                  bind: str = "tcp://127.0.0.1:0", job: str | None = None, curve: Any = None,
-                 tick_s: float = 0.05, ray_metrics: bool = False, config: dict | None = None) -> None:
+                 tick_s: float = 0.05, ray_metrics: bool = False, config: dict | None = None,
+                 link: Any = None) -> None:
+        """``link``: a :class:`~rankscope.coordinator.server.shards.ShardLink` when records are
+        judged by ingest shards; this service then merges their findings and files them."""
         from rankscope.config.cluster import parse_cluster
         from rankscope.coordinator.logic.core import CoordinatorCore
 
@@ -57,8 +61,17 @@ class CoordinatorService(Handlers):
         self.actions = ActionPerformer(self.core, self.export_dir, self._send_control)
         self.collector = None  # rankscope.coordinator.server.dump_collect.DumpCollector, created on first collect
         self.last_judged_step = -1
+        self.judged_walls: collections.deque[tuple[int, float]] = collections.deque(maxlen=512)
         self._next_lag = 0.0
         self._known_incidents = {d["incident_id"] for d in self.core.incidents()}  # restored ones
+        self.link = link
+        self.ingest: Any = self.core
+        if link is not None:
+            from rankscope.coordinator.logic.merge import VerdictMerge
+            self.merge = VerdictMerge(len(link.handles))
+            self.ingest = _FanOut(self.core, link)
+            self._replies: list[tuple] = []
+            self._told_terminated: set[str] = set()
 
     # --- lifecycle ---------------------------------------------------------------------
     def start(self) -> str:
@@ -74,14 +87,17 @@ class CoordinatorService(Handlers):
 
     # --- Handlers (loop thread) --------------------------------------------------------
     def on_steps(self, batches: list) -> None:
-        self.core.on_steps(batches)
+        if self.link is not None:
+            self.link.steps(batches)
+        else:
+            self.core.on_steps(batches)
         self.metrics.add(records=sum(len(b) for b in batches))  # per rank-step, not per tensor
 
     def on_message(self, msg: Message, peer: Peer) -> None:
         b, job, t = msg.body, msg.job, msg.type
         if t == protocol.HEARTBEAT:
             sync = SyncPoint.from_wire(b.get("sync"))
-            self.core.on_heartbeat(job, rank_from_wire(b["rank"]), b["step"], b["state"],
+            self.ingest.on_heartbeat(job, rank_from_wire(b["rank"]), b["step"], b["state"],
                                    sync.shifted(peer.clock.offset) if sync is not None else None,
                                    dropped=b.get("dropped"), started=b.get("started"))
         elif t == protocol.REGISTER:
@@ -96,15 +112,18 @@ class CoordinatorService(Handlers):
                 log.warning("job %s: pid %s on %s was proposed id %d, which another host's process "
                             "holds: assigned %d", job, b["pid"], b["host"], proposed, rank)
             peer.ranks.add((job, rank))
-            self.core.on_register(job, rank, {**b, "assigned_rank": rank, "remapped": rank != b.get("claimed_rank")})
-            self.frontend.send_status(peer.identity, "assigned", job=job,
-                                      detail={"host": b["host"], "pid": b["pid"], "rank": rank,
-                                              "settings": self.rank_settings})
+            self.ingest.on_register(job, rank, {**b, "assigned_rank": rank, "remapped": rank != b.get("claimed_rank")})
+            detail = {"host": b["host"], "pid": b["pid"], "rank": rank, "settings": self.rank_settings}
+            if self.link is not None:
+                # Told where to send its steps only once every shard knows the rank.
+                self._replies.append((peer.identity, job, {**detail, "shards": self.link.to_wire()}))
+            else:
+                self.frontend.send_status(peer.identity, "assigned", job=job, detail=detail)
         elif t == protocol.RANK_LOST:
             self.identities.lose(job, b["rank"])
             sync = SyncPoint.from_wire(b.get("sync"))
             died_at = b.get("died_at")
-            self.core.on_rank_lost(job, rank_from_wire(b["rank"]), b["last_step"], b["exit_status"], b["reason"],
+            self.ingest.on_rank_lost(job, rank_from_wire(b["rank"]), b["last_step"], b["exit_status"], b["reason"],
                                    died_at=None if died_at is None else float(died_at) + peer.clock.offset,
                                    signal=b.get("signal"), exception=b.get("exception"),
                                    sync=sync.shifted(peer.clock.offset) if sync is not None else None,
@@ -123,17 +142,20 @@ class CoordinatorService(Handlers):
         step = detail.get("step") if isinstance(detail.get("step"), int) else -1
         if isinstance(rank, int) and what in ("paused", "running", "resumed", "stepping", "terminated"):
             started = detail.get("started")
-            self.core.on_heartbeat(job, rank, step, "running" if what == "resumed" else what,
+            self.ingest.on_heartbeat(job, rank, step, "running" if what == "resumed" else what,
                                    started=started if isinstance(started, int) and not isinstance(started, bool) else None)
         elif isinstance(rank, int) and what == "watch":
-            self.core.on_watch(job, rank, detail)
+            self.ingest.on_watch(job, rank, detail)
         elif isinstance(rank, int) and what == "finished":
-            self.core.on_rank_finished(job, rank, step if step >= 0 else None)
+            self.ingest.on_rank_finished(job, rank, step if step >= 0 else None)
         if what.startswith("collect") and self.collector is not None:
             self.collector.on_status(detail)
 
     def on_tick(self, now: float) -> None:
-        self._judged(self.core.tick(now))
+        if self.link is not None:
+            self._judged(self._sharded_tick(now))
+        else:
+            self._judged(self.core.tick(now))
         if now >= self._next_lag:  # lag needs every rank: once a second is plenty
             self._next_lag = now + 1.0
             self.metrics.add(lag=self._lag(self.core.status()))
@@ -142,8 +164,13 @@ class CoordinatorService(Handlers):
         """After tick/drain: perform the core's actions, update metrics."""
         self.actions.run()
         counters = self.core.aligner.counters
-        for grp in self.core.aligner.groups.values():
-            self.last_judged_step = max(self.last_judged_step, grp.judged_through)
+        newest = max((g.judged_through for g in self.core.aligner.groups.values()), default=-1)
+        if self.link is not None:
+            newest = max([newest] + [self.merge.judged_through(g) for g in {g for j in self.merge.judged for g in j}])
+        if newest > self.last_judged_step:
+            # When each step was judged (detection latency = this - the step's last frame sent).
+            self.judged_walls.append((newest, time.time()))
+            self.last_judged_step = newest
         rejected = sum(self.frontend.decoder.rejected.values())
         opened = 0
         if verdicts:
@@ -151,6 +178,35 @@ class CoordinatorService(Handlers):
             opened, self._known_incidents = len(ids - self._known_incidents), ids
         self.metrics.add(steps=counters.get("steps_judged", 0) - self.metrics.steps_judged, incidents=opened,
                          rejected=rejected - self.metrics.frames_rejected)
+
+    # --- ingest shards (loop thread) -------------------------------------------------------
+    def _sharded_tick(self, now: float) -> list:
+        for job in self.core.terminated_jobs - self._told_terminated:
+            self.link.event("job_terminated", job)
+            self._told_terminated.add(job)
+        replies = self._replies
+        try:
+            self.link.flush(wait_s=30.0 if replies else None)
+        except Exception as exc:  # noqa: BLE001 - a slow or failed shard: the replies wait for the next tick
+            log.warning("ingest shards did not take registrations yet (%s); %d replies wait", exc, len(replies))
+            return self.core.tick(now)
+        self._replies = []
+        for ident, job, detail in replies:
+            self.frontend.send_status(ident, "assigned", job=job, detail=detail)
+        for job, steps in self.merge.take_progress().items():
+            self.core.on_progress(job, steps)
+        return self.core.tick(now) + self.core.accept(self.merge.release(), now)
+
+    def shard_findings(self, findings: dict) -> None:
+        """A shard's findings of one tick (any thread; merged on the loop thread)."""
+        from rankscope.coordinator.logic.shard import ShardFindings
+        self.frontend.call(self.merge.add, ShardFindings.from_dict(findings))
+
+    def _drain_shards(self) -> list:
+        from rankscope.coordinator.logic.shard import ShardFindings
+        for d in self.link.drain():
+            self.merge.add(ShardFindings.from_dict(d))
+        return self.core.accept(self.merge.release(force=True)) + self.core.drain()
 
     def rank_states(self, job: str) -> dict[int, tuple[str, int]]:
         ranks = ((self.core.status().get("jobs") or {}).get(job) or {}).get("ranks") or {}
@@ -184,6 +240,7 @@ class CoordinatorService(Handlers):
         return {
             "endpoint": self.endpoint, "job": self.job, "ranks": ranks, "pid": os.getpid(),
             "last_judged_step": self.last_judged_step, "pending_steps": core.get("pending_steps"),
+            "judged_walls": list(self.judged_walls),
             "counters": core.get("counters"), "jobs": core.get("jobs"),
             "incidents": self._incidents(), "terminated": self.actions.terminated,
             "metrics": self.metrics.snapshot(), "lag_steps": self._lag(core),
@@ -192,7 +249,12 @@ class CoordinatorService(Handlers):
             "first_step_wall": self.frontend.first_step_wall, "last_step_wall": self.frontend.last_step_wall,
             "collect": self.collector.progress() if self.collector is not None else None,
             "coverage": self._coverage(),
+            **(self._shard_status() if self.link is not None else {}),
         }
+
+    def _shard_status(self) -> dict:
+        shards = self.link.status()
+        return {"shards": shards, "records": sum(s.get("records", 0) for s in shards)}
 
     def _coverage(self) -> dict[str, dict]:
         jobs = {j for j, _ in self.core.aligner.ranks}
@@ -247,7 +309,8 @@ class CoordinatorService(Handlers):
     def drain(self, timeout_s: float = 30.0) -> list[dict]:
         """Judge every pending step now, then wait (up to ``timeout_s``) until no incident
         is still pausing or exporting; return the incidents."""
-        self.frontend.call_sync(lambda: self._judged(self.core.drain()))
+        self.frontend.call_sync(lambda: self._judged(self.core.drain() if self.link is None else self._drain_shards()),
+                                timeout=max(30.0, timeout_s))
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline and self.frontend.call_sync(self._in_flight):
             time.sleep(0.05)
@@ -279,3 +342,16 @@ class CoordinatorService(Handlers):
 
     def _in_flight(self) -> bool:
         return any(d["state"] in ("detected", "pausing", "exporting") for d in self.core.incidents())
+
+
+class _FanOut:
+    """What a rank says goes to the filing core now and to every shard with the next flush."""
+
+    def __init__(self, core: Any, link: Any) -> None:
+        self._core, self._link = core, link
+
+    def __getattr__(self, name: str) -> Any:
+        def call(*args: Any, **kw: Any) -> Any:
+            self._link.event(name, *args, **kw)
+            return getattr(self._core, name)(*args, **kw)
+        return call

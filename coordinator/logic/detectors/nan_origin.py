@@ -20,6 +20,13 @@ from rankscope.coordinator.logic.verdict import Verdict
 from rankscope.wire.records import PRE_REDUCTION_KINDS
 
 _PRE = frozenset(int(k) for k in PRE_REDUCTION_KINDS)
+_RULE = "first non-finite record"
+_BEFORE = " before reduction"
+
+
+def before_reduction(v: Verdict) -> bool:
+    """Whether a NaN-origin verdict was found among records taken before any reduction."""
+    return str(v.evidence.get("rule", "")).endswith(_BEFORE)
 
 
 class NanOriginDetector:
@@ -39,7 +46,7 @@ class NanOriginDetector:
         row, col, ties = first_flagged(view, flag)  # type: ignore[misc]
         nonfinite = (view.nan[:, col] + view.inf[:, col]).astype(float)
         evidence = {
-            "rule": "first non-finite record" + (" before reduction" if flag is pre else " (no pre-reduction record is non-finite)"),
+            "rule": _RULE + (_BEFORE if flag is pre else " (no pre-reduction record is non-finite)"),
             "nan_count": int(view.nan[row, col]), "inf_count": int(view.inf[row, col]),
             "numel": int(view.numel[row, col]), "stats": stats_dict(view, row, col),
             "group_nonfinite_counts": group_values(view, col, nonfinite, [row]),

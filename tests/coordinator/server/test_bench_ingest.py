@@ -21,15 +21,20 @@ def local_ray():
     ray.shutdown()
 
 
-def test_bench_ingest_flags_the_injected_rank_and_prints_json_last(capsys, tmp_path):
+@pytest.mark.parametrize("shards", [1, 2])
+def test_bench_ingest_flags_the_injected_rank_and_prints_json_last(capsys, tmp_path, shards):
     rc = bench_cli.main(["ingest", "--ranks", "6", "--tensors", "10", "--steps", "4", "--nodes", "2",
-                         "--fault-rank", "5", "--export-dir", str(tmp_path)])
+                         "--fault-rank", "5", "--export-dir", str(tmp_path), "--shards", str(shards),
+                         "--paced-steps", "2"])
     lines = capsys.readouterr().out.strip().splitlines()
     out = json.loads(lines[-1])
     assert rc == 0 and out["correct"] is True
-    assert (out["flagged_rank"], out["flagged_step"], out["detector"]) == (5, 3, "nan_origin")
-    assert out["records"] == 6 * 10 * 4 and out["records_per_s"] > 0 and out["detect_latency_ms"] >= 0
+    assert (out["flagged_rank"], out["flagged_step"], out["detector"]) == (5, 5, "nan_origin")
+    assert out["records"] == 6 * 10 * 6 and out["records_per_s"] > 0 and out["detect_latency_ms"] >= 0
     assert out["rejected"] == {} and out["duplicates"] == 0
+    assert [s["shard"] for s in out["per_shard"]] == list(range(shards))
+    assert sum(s["records"] for s in out["per_shard"]) == 6 * 10 * 6
+    assert len(out["judge_latency_ms"]) == 2 and out["judge_latency_ms_p99"] >= out["judge_latency_ms_median"] > 0
     assert list((tmp_path / "incidents").glob("*/incident.json"))
 
 

@@ -1,0 +1,91 @@
+"""An ingest shard: aligns and judges its kinds of every step, and files nothing itself.
+
+A shard is a :class:`CoordinatorCore` fed every control message of the job (registration,
+heartbeats, lost and finished ranks) but only its kinds' records (rankscope.wire.shards).
+Judging is the same code as one coordinator's; what differs is that the findings are not
+filtered for repeats nor turned into incidents here: they go to the verdict merge
+(:mod:`.merge`), which names the one global first divergence, and from there to the one
+core that owns incidents (``CoordinatorCore.accept``).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from rankscope.config.cluster import ClusterSettings
+from rankscope.coordinator.logic.core import CoordinatorCore
+from rankscope.coordinator.logic.verdict import Verdict
+from rankscope.wire.records import StepBatch
+
+
+@dataclass
+class ShardFindings:
+    """What one shard judged in one tick. ``steps``: (judged step, verdict) pairs, held by
+    the merge until every shard judged that step (a missing rank's verdict names a later
+    step than the one judged); ``other``: crashes, hangs and lag, judged
+    by every shard alike and passed on at once; ``judged``: group label -> the newest
+    step this shard has judged."""
+
+    shard: int
+    steps: list[tuple[int, Verdict]] = field(default_factory=list)
+    other: list[Verdict] = field(default_factory=list)
+    judged: dict[str, int] = field(default_factory=dict)
+    #: job -> {rank: newest step reported since the last findings} (shard 0 only).
+    progress: dict[str, dict[int, int]] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"shard": self.shard, "steps": [(s, v.to_dict()) for s, v in self.steps],
+                "other": [v.to_dict() for v in self.other], "judged": dict(self.judged),
+                "progress": {j: list(p.items()) for j, p in self.progress.items()}}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "ShardFindings":
+        return cls(int(d["shard"]), [(int(s), Verdict.from_dict(v)) for s, v in d["steps"]],
+                   [Verdict.from_dict(v) for v in d["other"]], {str(k): int(v) for k, v in d["judged"].items()},
+                   {str(j): {int(r): int(s) for r, s in p} for j, p in (d.get("progress") or {}).items()})
+
+
+class ShardCore(CoordinatorCore):
+    def __init__(self, settings: ClusterSettings | dict | None = None,
+                 clock: Callable[[], float] = time.monotonic, *, shard: int = 0,
+                 wall_clock: Callable[[], float] = time.time) -> None:
+        super().__init__(settings, clock, export_dir=None, wall_clock=wall_clock)
+        self.shard = shard
+        self._progress: dict[str, dict[int, int]] = {}
+
+    def on_steps(self, batches: list[StepBatch]) -> None:
+        super().on_steps(batches)
+        if self.shard == 0:
+            for b in batches:
+                self._progress.setdefault(b.job, {})[b.rank] = b.step
+
+    def on_step(self, batch: StepBatch) -> None:
+        self.on_steps([batch])
+
+    def judge(self, now: float | None = None, force: bool = False) -> ShardFindings:
+        now = self.clock() if now is None else now
+        out = ShardFindings(self.shard)
+        for grp, view in self.aligner.ready(now, force=force):
+            out.steps += [(view.step, v) for v in
+                          self._judge_step(grp, view, report_missing=not force or view.by_deadline)]
+        if self.settings.detectors.progress.enabled:
+            for grp in self.aligner.groups.values():
+                if grp.job not in self.terminated_jobs:
+                    out.other += self.failures.judge(grp, now, self.wall_clock(), force=force)
+                for v in self.progress.lagging(grp):
+                    self._stall(grp.job, [v.rank, *v.ties])
+                    out.other.append(v)
+        out.judged = {g.label: g.judged_through for g in self.aligner.groups.values()}
+        out.progress, self._progress = self._progress, {}
+        return out
+
+    def tick(self, now: float | None = None) -> list[Verdict]:  # type: ignore[override]
+        raise TypeError("an ingest shard is judged with judge(), its findings go to the verdict merge")
+
+    def drain(self) -> list[Verdict]:  # type: ignore[override]
+        raise TypeError("an ingest shard is drained with judge(force=True)")
+
+    def job_terminated(self, job: str) -> None:
+        """The operator terminated ``job``: its ranks' exits from now on are not crashes."""
+        self.terminated_jobs.add(job)
