@@ -28,25 +28,12 @@ from rankscope.probe.rank_env import device_side, env_int, make_flight_recorder,
 from rankscope.probe.sentinels import Sentinels
 from rankscope.probe.sync_tracker import SyncTracker
 from rankscope.probe.token_range import TokenCounter, TokenRangeHooks, check_token_range
+from rankscope.wire.attach_report import say_once
 from rankscope.wire.layout import dump_label, position_file, rank_to_wire
 from rankscope.wire.position import PositionWriter
 from rankscope.wire.records import Kind, StepOutput
 
 log = logging.getLogger("rankscope.probe")
-_said: set[str] = set()
-
-
-def say_once(note: str) -> None:
-    """Something about this rank's settings the user must see: once per process, on its
-    stderr (the rank's log) and on launch's terminal."""
-    if note in _said:
-        return
-    _said.add(note)
-    import sys
-
-    from rankscope.wire.attach_report import write_note
-    print(f"[rankscope] WARNING: {note}", file=sys.stderr, flush=True)
-    write_note(note)
 
 
 class PrecisionDebugger:

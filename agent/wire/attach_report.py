@@ -86,6 +86,20 @@ def write_note(text: str, env: Mapping[str, str] | None = None) -> Path | None:
     return path
 
 
+_said: set[str] = set()
+
+
+def say_once(note: str) -> None:
+    """Something about this rank's settings the user must see: once per process, on its
+    stderr (the rank's log) and, through :func:`write_note`, on launch's terminal."""
+    if note in _said:
+        return
+    _said.add(note)
+    import sys
+    print(f"[rankscope] WARNING: {note}", file=sys.stderr, flush=True)
+    write_note(note)
+
+
 def read_notes(folder: str | os.PathLike) -> dict[str, dict[str, Any]]:
     """Every note in ``folder`` by file name."""
     out: dict[str, dict[str, Any]] = {}
