@@ -95,11 +95,14 @@ class RoutingAgent(SimAgent):
     """SimAgent that sends STEP records to the shards named in the registration reply."""
 
     def learn_shards(self, ranks: int) -> dict:
-        detail = None
-        for _ in range(ranks):
+        detail, answered = None, 0
+        while answered < ranks:
             msg = self.recv(30.0)
-            assert msg is not None and msg.body["what"] == "assigned", msg
-            detail = msg.body["detail"]["shards"]
+            assert msg is not None, "no registration reply within 30 s"
+            if msg.body.get("what") == "job_config":  # the coordinator's greeting to every agent
+                continue
+            assert msg.body["what"] == "assigned", msg
+            detail, answered = msg.body["detail"]["shards"], answered + 1
         self.map = ShardMap.from_wire(detail)
         self.shard_socks = [connect_dealer(self.ctx, ep, b"agent:sim:1") for ep in detail["endpoints"]]
         return detail
@@ -112,7 +115,7 @@ class RoutingAgent(SimAgent):
         return b""
 
     def close(self) -> None:
-        for s in self.shard_socks:
+        for s in getattr(self, "shard_socks", ()):
             s.close(linger=0)
         super().close()
 
