@@ -34,3 +34,15 @@ def _own_job_index(tmp_path_factory):
         os.environ.pop("RANKSCOPE_HOME", None)
     else:
         os.environ["RANKSCOPE_HOME"] = old
+
+
+@pytest.fixture
+def short_tmp():
+    """A folder with a short path: unix socket paths (Ray's, the node agents') must stay
+    under 108 bytes, which pytest's own tmp_path can exceed."""
+    import shutil
+    import tempfile
+    from pathlib import Path
+    path = Path(tempfile.mkdtemp(prefix="rs-", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)

@@ -17,36 +17,24 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import shutil
 import socket
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
 import slurm_cluster
+from node_harness import free_port
 from repo_paths import REPO
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 JOBS = Path(__file__).parent / "jobs"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
-@pytest.fixture
-def work():
-    # Short: the agent's and Ray's unix socket paths must stay under 108 bytes.
-    path = Path(tempfile.mkdtemp(prefix="rsslurm-", dir="/tmp"))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
-
-def test_sbatch_script_under_real_slurm_exports_the_incident_with_every_bundle(work):
+def test_sbatch_script_under_real_slurm_exports_the_incident_with_every_bundle(short_tmp):
+    work = short_tmp
     why = slurm_cluster.missing()
     if why:
         pytest.skip(why)

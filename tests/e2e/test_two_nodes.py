@@ -14,15 +14,13 @@ import json
 import os
 import re
 import secrets
-import shutil
 import signal
-import socket
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
+from node_harness import free_port
 from repo_paths import REPO
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
@@ -36,21 +34,10 @@ def readme_two_node_block() -> str:
     return block.group(1)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
-@pytest.fixture
-def work():
-    # Short: Ray's and the agents' unix socket paths must stay under 108 bytes.
-    path = Path(tempfile.mkdtemp(prefix="rs2n-", dir="/tmp"))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
-
-def test_a_fault_on_the_second_node_is_named_with_every_bundle_and_the_told_hosts(work):
+def test_a_fault_on_the_second_node_is_named_with_every_bundle_and_the_told_hosts(short_tmp):
+    work = short_tmp
     bindir = str(Path(sys.executable).parent)  # rankscope, ray and msrun of this venv
     env = dict(os.environ, PATH=os.pathsep.join([bindir, os.environ.get("PATH", "")]),
                W=str(work), TRAIN_SCRIPT=str(REPO / "examples" / "train_dp.py"), JOB="two-nodes-e2e",
