@@ -8,8 +8,9 @@ from typing import Any
 UNWATCHED = "not watched"
 
 
-def watch_line(rank: Any, mode: str, how: str, reason: str = "") -> str:
-    who = f"rank {rank}" if rank is not None else "this process"
+def watch_line(rank: Any, mode: str, how: str, reason: str = "", who: str | None = None) -> str:
+    """``who`` names several ranks at once (``ranks 0-3``) in place of ``rank``."""
+    who = who or (f"rank {rank}" if rank is not None else "this process")
     if how == UNWATCHED:
         return f"{who}: not watched: {reason or 'no training step was recognised'}"
     text = f"{who}: {mode} mode, watched through {how}"

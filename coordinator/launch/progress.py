@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from rankscope.coordinator.launch.watched import attached_ranks
+from rankscope.coordinator.launch.watched import attached_ranks, rank_span
 from rankscope.wire.watch_line import watch_line
 
 
@@ -62,10 +62,18 @@ def watch_text(rank: Any, w: dict[str, Any]) -> str:
 
 
 def watch_summary(watch: dict[str, dict], ranks: Any = ()) -> list[str]:
-    """End-of-run lines: how each rank was watched; ranks that never said are named."""
-    lines = [watch_text(r, w) for r, w in sorted(watch.items(), key=lambda kv: int(kv[0]))]
-    silent = sorted({str(r) for r in ranks} - set(watch), key=int)
-    lines += [f"rank {r}: watch status unknown (the rank never reported one)" for r in silent]
+    """End-of-run lines: how each rank was watched, one line per way of watching (ranks
+    watched alike share it, so a thousand-rank job does not print a thousand lines);
+    ranks that never said are named."""
+    alike: dict[tuple[str, str, str], list[int]] = {}
+    for r, w in watch.items():
+        key = (str(w.get("mode", "?")), str(w.get("how", "?")), str(w.get("reason") or ""))
+        alike.setdefault(key, []).append(int(r))
+    lines = [watch_line(None, *key, who=rank_span(sorted(rs)))
+             for key, rs in sorted(alike.items(), key=lambda kv: min(kv[1]))]
+    silent = sorted({int(r) for r in ranks} - {int(r) for r in watch})
+    if silent:
+        lines.append(f"{rank_span(silent)}: watch status unknown (never reported one)")
     return lines
 
 

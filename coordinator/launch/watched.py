@@ -115,7 +115,7 @@ class WatchedRanks:
 
     def ranks_text(self) -> str:
         watched = self.watched or []
-        ids = _span(watched)
+        ids = rank_span(watched)
         return f"{len(watched)} of {len(watched) + len(self.unwatched)} rank(s) watched" + (f" ({ids})" if ids else "")
 
 
@@ -145,10 +145,16 @@ def exit_status(cov: WatchedRanks, rc: int, allow_unwatched: bool) -> int:
     return UNWATCHED_EXIT
 
 
-def _span(ranks: list[int]) -> str:
-    """``0-3`` for 0,1,2,3; ``0, 2`` otherwise."""
+def rank_span(ranks: list[int]) -> str:
+    """``ranks 0-3`` for 0,1,2,3; ``ranks 0-2, 5, 9-12``: runs of three or more shortened,
+    so a large job's ranks stay one short phrase."""
     if not ranks:
         return ""
-    if ranks == list(range(ranks[0], ranks[-1] + 1)) and len(ranks) > 2:
-        return f"ranks {ranks[0]}-{ranks[-1]}"
-    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
+    ranks = sorted(set(ranks))
+    parts, start = [], 0
+    for i in range(1, len(ranks) + 1):
+        if i == len(ranks) or ranks[i] != ranks[i - 1] + 1:
+            run = ranks[start:i]
+            parts += [f"{run[0]}-{run[-1]}"] if len(run) > 2 else [str(r) for r in run]
+            start = i
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(parts)

@@ -56,7 +56,17 @@ def test_coordinator_keeps_it_per_rank_and_launch_prints_it_once():
     assert said == ["rank 0: not watched: the optimizer runs inside jit",
                     "rank 2: GRAPH mode, watched through the kernel dump"]
     assert watch_summary(pp.watch, ["0", "1", "2"]) == [
-        *said, "rank 1: watch status unknown (the rank never reported one)"]
+        *said, "rank 1: watch status unknown (never reported one)"]
+
+
+def test_end_of_run_lines_group_ranks_watched_alike():
+    graph = {"mode": "GRAPH", "how": "the kernel dump", "reason": ""}
+    lost = {"mode": "GRAPH", "how": "not watched", "reason": "kernel dump unavailable"}
+    watch = {str(r): graph for r in range(1000)} | {"7": lost, "8": lost}
+    lines = watch_summary(watch, [str(r) for r in range(1003)])
+    assert lines == ["ranks 0-6, 9-999: GRAPH mode, watched through the kernel dump",
+                     "ranks 7, 8: not watched: kernel dump unavailable",
+                     "ranks 1000-1002: watch status unknown (never reported one)"]
 
 
 def test_pijit_steps_say_what_is_not_seen_inside_them():

@@ -88,3 +88,10 @@ def test_several_processes_of_one_rank_are_one_unwatched_rank(tmp_path):
     assert len(warnings) == 1 and len(watch.failures) == 2
     cov = WatchedRanks.of(status({"0": RUNNING}), watch.failures)
     assert cov.ranks_text() == "1 of 2 rank(s) watched (rank 0)"
+
+
+def test_rank_span_shortens_runs():
+    from rankscope.coordinator.launch.watched import rank_span
+    assert rank_span([3]) == "rank 3"
+    assert rank_span([0, 1]) == "ranks 0, 1"
+    assert rank_span([5, 0, 1, 2, 3, 9, 10, 11]) == "ranks 0-3, 5, 9-11"
