@@ -1,15 +1,13 @@
 """The node agent's decisions: no sockets, no threads, time from an injected clock.
 
-:class:`NodeCore` is fed every frame a rank sends (:meth:`on_rank_frame`), every frame
-the coordinator sends (:meth:`on_coordinator_frame`), connection changes
-(:meth:`on_link_up`) and the passing of time (:meth:`tick`). What it decides to send
-goes into an :class:`Outbox` that the loop (:mod:`.daemon`) empties onto its sockets;
-files it owns (bundles written on a dead rank's behalf, ``rank_map.json``) it writes
-itself. Tests drive it with encoded frames and a scripted clock.
-
-Rank frames are forwarded byte for byte (their src/seq intact, so the coordinator
-de-duplicates spool replays); the agent adds its own REGISTER (with the assigned id),
-RANK_LOST, RANK_MAP and STATUS messages.
+:class:`NodeCore` is fed every frame a rank sends (:meth:`on_rank_frame`), every frame the
+coordinator sends (:meth:`on_coordinator_frame`), connection changes (:meth:`on_link_up`) and
+the passing of time (:meth:`tick`). What it decides to send goes into an :class:`Outbox` that
+the loop (:mod:`.daemon`) empties onto its sockets; files it owns (bundles written on a dead
+rank's behalf, ``rank_map.json``) it writes itself. Tests drive it with encoded frames and a
+scripted clock. Rank frames are forwarded byte for byte (their src/seq intact, so the
+coordinator de-duplicates spool replays); the agent adds its own REGISTER (with the assigned
+id), RANK_LOST, RANK_MAP and STATUS messages.
 """
 from __future__ import annotations
 
@@ -38,11 +36,9 @@ from rankscope.wire.rank_map import write_rank_map
 
 log = logging.getLogger(__name__)
 
-#: How long a rank whose process is gone may still deliver what it sent before dying
-#: (what it sent is already in our socket; one more turn of the loop reads it).
+#: How long a gone rank may still deliver what it sent (already in our socket: one loop turn reads it).
 EXIT_GRACE_S = 0.3
-#: A rank that said goodbye but whose process has not ended after this long is judged
-#: by its goodbye alone.
+#: A rank that said goodbye but whose process has not ended after this long is judged by its goodbye.
 BYE_WAIT_S = 5.0
 LIVENESS_EVERY_S = 0.2
 STATUS_EVERY_S = 2.0
@@ -204,6 +200,7 @@ class NodeCore:
             self.bundles.retire(e)
             self._up_own(protocol.STATUS, e.job, {"what": "finished", "detail": {
                 "rank": e.assigned_rank, "step": e.last_step, "pid": e.pid}})
+            self._answer_owed(e, "rank finished before answering the export", final=False)
             self.publish_map(e.job)
         else:
             self._lose(e, exit_status, "exited", died_at)
@@ -300,10 +297,13 @@ class NodeCore:
         why = f"rank lost ({reason}, exit status {status}); written by the node agent from its flight recorder"
         self.bundles.write_on_behalf(e, why, self.registry.rank_map(e.job))
         self._report_lost(e, exit_status, reason, died_at)
-        # An export it was asked for just before it died went unanswered: answer it now.
+        self._answer_owed(e, why)
+
+    def _answer_owed(self, e: RankEntry, why: str, final: bool = True) -> None:
+        """Exports asked just before the rank ended (dead, or a worker on its way out) it never answered."""
         for transfer in self.exports.owed(e.job):
             if transfer not in e.extra.get("exported", ()):
-                self._export_on_behalf(e, transfer, why)
+                self._export_on_behalf(e, transfer, why, final=final)
 
     def _report_lost(self, e: RankEntry, exit_status: int | None, reason: str, died_at: float | None = None) -> None:
         log.warning("job %s rank %s (pid %d) lost: %s, last step %d, exit status %s",

@@ -12,7 +12,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-from rankscope.wire.watch_line import UNWATCHED, watch_line
+from rankscope.wire.watch_line import UNWATCHED, launch_prints_it, watch_line
 
 PYNATIVE = "PyNative"
 GRAPH = "GRAPH"
@@ -93,10 +93,13 @@ class WatchReporter:
                 (not final and not (self.graph_steps or self.eager_steps or self.jit_steps)):
             return None
         w = self.said = self.current()
-        print(f"[rankscope] {w.line(rank)}", file=sys.stderr, flush=True)
+        sent = False
         if client is not None:
             try:
                 client.state.outbox.put_nowait(("status", {"what": "watch", "detail": w.detail(rank)}))
+                sent = True
             except Exception:  # noqa: BLE001 - a full outbox: the log line stands
                 pass
+        if not (sent and launch_prints_it(sys.stderr)):  # launch would print the same line on the same file
+            print(f"[rankscope] {w.line(rank)}", file=sys.stderr, flush=True)
         return w

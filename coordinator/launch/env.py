@@ -15,6 +15,7 @@ from pathlib import Path
 import rankscope
 from rankscope.wire import attach_report
 from rankscope.wire.job_config import CONFIG_ENV, DUMP_PATH_ENV
+from rankscope.wire.watch_line import LAUNCH_OUTPUT_ENV
 
 #: Holds the sitecustomize.py every launched Python process runs at start-up.
 ATTACH_DIR = Path(rankscope.__file__).resolve().parent / "_attach"
@@ -29,6 +30,8 @@ class AttachSettings:
     on_terminate: str = "raise"
     #: Where a rank that fails to attach leaves its note (rankscope.wire.attach_report).
     attach_reports: Path | None = None
+    #: stream_id of the file launch prints its progress to ("": it prints nothing).
+    launch_output: str = ""
 
 
 def child_env(settings: AttachSettings, base: dict[str, str] | None = None) -> dict[str, str]:
@@ -48,6 +51,10 @@ def child_env(settings: AttachSettings, base: dict[str, str] | None = None) -> d
         env[attach_report.ENV_VAR] = str(settings.attach_reports)
     else:
         env.pop(attach_report.ENV_VAR, None)
+    if settings.launch_output:
+        env[LAUNCH_OUTPUT_ENV] = settings.launch_output
+    else:
+        env.pop(LAUNCH_OUTPUT_ENV, None)
     if settings.config_path is not None:
         env[CONFIG_ENV] = str(settings.config_path)
     else:

@@ -29,6 +29,7 @@ from rankscope.coordinator.launch.watched import (
     end_of_run_line,
     exit_status,
 )
+from rankscope.wire.watch_line import stream_id
 
 #: Exit status when rankscope terminated the job because of an incident.
 INCIDENT_EXIT = 86
@@ -130,7 +131,8 @@ class Launch:
         settings = AttachSettings(job=self.job, agent_endpoint=agent_endpoint,
                                   dump_path=self.export_dir / "local_dump", config_path=self.write_job_config(),
                                   on_terminate=self.cluster.get("on_terminate", "raise"),
-                                  attach_reports=self.attach_watch.folder)
+                                  attach_reports=self.attach_watch.folder,
+                                  launch_output="" if self.args.quiet else stream_id(sys.stdout))
         cmd = self.args.cmd
         self.say(f"running: {' '.join(cmd)}")
         # A new session so the whole tree (msrun and its workers) can be signalled at once.

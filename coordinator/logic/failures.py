@@ -282,6 +282,10 @@ def _manner(d: Death) -> str:
         return f"killed by {_signal_name(d.signal)}"
     if d.exit_status is not None:
         return f"exited with status {d.exit_status}"
+    if d.reason == "exited":
+        # The pid is gone but was reaped (by its own parent, e.g. a server's Popen.poll)
+        # before its node agent read the zombie's status: a kill and a plain exit look alike.
+        return "ended, exit status unknown (reaped by its parent before the agent read it)"
     return d.reason or "ended (exit status unknown)"
 
 

@@ -311,3 +311,33 @@ def test_the_coordinators_job_config_is_kept_and_handed_to_whoever_asks(tmp_path
     (_, frame), = core.take().to_ranks
     assert job_config.config_of(protocol.Decoder().decode(frame).body) == config
     assert core.registry.entries() == []  # asking is not registering
+
+
+def test_an_export_a_rank_did_not_answer_before_its_clean_exit_is_answered_on_its_behalf(tmp_path):
+    # A serving worker past its last request: the export reaches it live, but it exits
+    # (status 0) without sending its bundle. Its ring still answers it; a rank that did
+    # answer is not answered twice.
+    core, world = make(tmp_path)
+    register(core, b"a", 11, 0, world_size=2)
+    register(core, b"b", 12, 1, world_size=2)
+    core.tick()
+    core.on_rank_frame(b"a", step_frame(11, 0, 0, 1, NameTable()))
+    core.on_rank_frame(b"b", step_frame(12, 1, 0, 1, NameTable()))
+    core.take()
+    core.on_coordinator_frame(encode(Message(protocol.CONTROL, "j", "coordinator", 6,
+                                             {"command": "export", "incident": "i1", "args": {"transfer": "i1"}})))
+    core.on_rank_frame(b"b", encode(Message(protocol.BUNDLE_CHUNK, "j", "rank:h:12", 3, {
+        "transfer": "i1", "rank": 1, "path": "manifest.json", "offset": 0, "data": b"{}", "size": 2, "final": True})))
+    core.take()
+    world.kill(11, 0)
+    world.kill(12, 0)
+    ups = []
+    for _ in range(2):
+        world.t += EXIT_GRACE_S + 0.01
+        core.tick()
+        ups += up_messages(core.take())
+    chunks = [m for m in ups if m.type == protocol.BUNDLE_CHUNK]
+    assert chunks and {m.body["rank"] for m in chunks} == {0}
+    assert all(m.body["on_behalf"] and m.body["transfer"] == "i1" for m in chunks)
+    assert [m.body["detail"]["rank"] for m in ups if m.type == protocol.STATUS and m.body["what"] == "finished"] \
+        == [0, 1]

@@ -81,3 +81,49 @@ def test_pijit_steps_say_what_is_not_seen_inside_them():
     assert "sentinels only" in w.how and w.reason == PIJIT_UNSEEN
     r.jit_steps = r.pijit_calls = 0
     assert r.current().how == "hooks"
+
+
+class _Outbox:
+    def __init__(self, full: bool = False) -> None:
+        self.full, self.items = full, []
+
+    def put_nowait(self, item) -> None:
+        if self.full:
+            raise RuntimeError("full")
+        self.items.append(item)
+
+
+class _Client:
+    def __init__(self, full: bool = False) -> None:
+        self.state = type("S", (), {"outbox": _Outbox(full)})()
+
+
+@pytest.mark.parametrize("same_file, full, printed", [
+    (True, False, False),   # launch prints it from the status, on this very file: once, not twice
+    (False, False, True),   # a log file of its own (msrun): the rank says it there
+    (True, True, True),     # the status could not be sent: the rank's own line stands
+])
+def test_a_rank_leaves_its_watch_line_to_launch_only_when_launch_prints_on_the_same_file(
+        tmp_path, monkeypatch, same_file, full, printed):
+    import sys
+
+    from rankscope.probe.watch import WatchReporter
+    from rankscope.wire.watch_line import LAUNCH_OUTPUT_ENV, stream_id
+    log, other = tmp_path / "log", tmp_path / "other"
+    other.write_text("")
+    with open(log, "w") as fh, open(other) as elsewhere:
+        monkeypatch.setattr(sys, "stderr", fh)
+        monkeypatch.setenv(LAUNCH_OUTPUT_ENV, stream_id(fh if same_file else elsewhere))
+        client = _Client(full)
+        rep = WatchReporter()
+        rep.eager_steps = 1
+        assert rep.say(0, client) is not None
+    assert ("watched through hooks" in log.read_text()) == printed
+    assert len(client.state.outbox.items) == (0 if full else 1)
+
+
+def test_stream_id_is_empty_for_a_stream_without_a_descriptor():
+    import io
+
+    from rankscope.wire.watch_line import stream_id
+    assert stream_id(io.StringIO()) == "" and stream_id(-1) == ""

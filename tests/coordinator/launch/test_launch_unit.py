@@ -34,6 +34,14 @@ def test_child_env_drops_a_stale_config_when_none_given(tmp_path):
     assert "RANKSCOPE_CONFIG" not in env
 
 
+def test_child_env_names_launchs_output_file_only_when_launch_prints(tmp_path):
+    from rankscope.wire.watch_line import LAUNCH_OUTPUT_ENV
+    stale = {LAUNCH_OUTPUT_ENV: "1:2"}  # from an outer launch: not this one's output
+    assert LAUNCH_OUTPUT_ENV not in child_env(AttachSettings("j", "ipc://a", tmp_path), stale)
+    env = child_env(AttachSettings("j", "ipc://a", tmp_path, launch_output="5:7"), stale)
+    assert env[LAUNCH_OUTPUT_ENV] == "5:7"
+
+
 def test_attach_hook_is_inert_in_a_process_that_never_imports_mindspore(tmp_path):
     # msrun's own launcher process runs the hook too: it must not import MindSpore
     # (a second of start-up and a device context in a process that never trains).

@@ -203,3 +203,16 @@ def test_a_position_from_an_older_step_gives_no_token():
     assert (v.step, v.token) == (6, None)
     assert v.evidence["manner"] == "exited with status 1"
     assert v.evidence["others"] == [{"rank": 0, "state": "running", "last_step": -1, "started": 7}]
+
+
+def test_a_worker_reaped_by_its_own_parent_is_not_said_to_have_exited():
+    # A server that Popens its workers reaps a killed one at once: the node agent finds
+    # the pid gone with no status. Neither a kill nor an exit may be claimed.
+    core, clock, _ = make(world=3)
+    for r in (0, 1):
+        core.on_heartbeat("j", r, 0, "running", started=1)
+    core.on_rank_lost("j", 2, 0, None, "exited", died_at=T0, position=(1, 3))
+    [v] = settle(core, clock)
+    assert (v.rank, v.step, v.token) == (2, 1, 3)
+    assert v.evidence["manner"].startswith("ended, exit status unknown") and "token 3" in v.evidence["manner"]
+    assert v.evidence["signal"] is None and v.evidence["exit_status"] is None
