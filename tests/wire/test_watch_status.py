@@ -71,3 +71,14 @@ def test_pijit_steps_say_what_is_not_seen_inside_them():
     assert "sentinels only" in w.how and w.reason == PIJIT_UNSEEN
     r.jit_steps = r.pijit_calls = 0
     assert r.current().how == "hooks"
+
+
+def test_eager_steps_reduced_without_a_reducer_say_local_gradients_are_not_seen():
+    from rankscope.probe.watch import GRADS_UNSEEN, PYNATIVE, WatchReporter
+    r = WatchReporter()
+    r.eager_steps = 1
+    assert r.current().reason == ""
+    r.grads_unseen = GRADS_UNSEEN
+    w = r.current()
+    assert (w.mode, w.how, w.reason) == (PYNATIVE, "hooks", GRADS_UNSEEN)
+    assert w.line(2).endswith(f"watched through hooks ({GRADS_UNSEEN})")
