@@ -186,9 +186,10 @@ class AutoSession:
     def _leave_serving(self) -> None:
         """A grad function or optimizer appeared: this process trains after all."""
         self.finder.uninstall()
-        if self.serving is not None:
+        if self.serving is not None and not self.serving.retired:
             self.serving.retire()
             self.debugger.graph.report.serving = None
+            serving.say(serving.retired_line(type(self.serving.root).__name__))
 
     # ------------------------------------------------------------------ model
     def _on_grad_fn(self, fn: Any, weights: Any) -> None:

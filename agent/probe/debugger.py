@@ -28,6 +28,7 @@ from rankscope.probe.rank_env import device_side, env_int, make_flight_recorder,
 from rankscope.probe.sentinels import Sentinels
 from rankscope.probe.sync_tracker import SyncTracker
 from rankscope.probe.token_range import TokenCounter, TokenRangeHooks, check_token_range
+from rankscope.probe.watch import GRADS_UNSEEN
 from rankscope.wire.attach_report import say_once
 from rankscope.wire.layout import dump_label, position_file, rank_to_wire
 from rankscope.wire.position import PositionWriter
@@ -150,6 +151,8 @@ class PrecisionDebugger:
         self.apis.new_step()
         self.sentinels.new_step()
         self.sync.new_step(self.current_step)
+        if self.sentinels.unreduced_steps and not self.graph.report.grads_unseen and (world_size() or 1) > 1:
+            self.graph.report.grads_unseen = GRADS_UNSEEN
         self._guard("watch report", self.graph.step_ended)
         self._update_dumping()
         self.gate.at_step_boundary(done)

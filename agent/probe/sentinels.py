@@ -42,6 +42,7 @@ class Sentinels:
         self._handles: list[Any] = []
         self._hooked: "weakref.WeakSet[Any]" = weakref.WeakSet()
         self._reduced_this_step = False
+        self.unreduced_steps = 0  # optimizer calls with no nn.DistributedGradReducer before them
         self._loss_recorded = False
         self._snapshot_taken = False
         self._layouts: "weakref.WeakKeyDictionary[Any, tuple]" = weakref.WeakKeyDictionary()
@@ -172,6 +173,8 @@ class Sentinels:
                 self.snapshot()  # nothing marked the step start: take it now
             if r.has_unread_params():
                 r.resolve()  # the optimizer updates parameters in place next
+            if not self._reduced_this_step:
+                self.unreduced_steps += 1
             if self.record and not self._reduced_this_step and args:
                 # fresh tensors the update does not touch: read at step end
                 self._record_grads("Sentinel.grad_local", Kind.GRAD_LOCAL, args[0],

@@ -178,6 +178,7 @@ class ServingDriver:
                 dbg._token_hooks.remove()  # noqa: SLF001
             dbg._token = dbg._token_hooks = None  # noqa: SLF001
             dbg.stop()
+            forget_open_step(dbg)  # the open batch's calls are no part of the first training step
         except Exception as exc:  # noqa: BLE001
             self.dbg.recorder.error("retiring the serving watch", exc)
 
@@ -191,6 +192,17 @@ class ServingDriver:
                 self.dbg.client.close()  # its own exit handler will not run: send the batch now
         except BaseException:  # noqa: BLE001 - exiting anyway
             pass
+
+
+def forget_open_step(dbg: Any) -> None:
+    """Drop what the debugger's current step recorded so far, keeping its number."""
+    r = dbg.recorder
+    r.take()
+    r.builder.clear()
+    r.token = -1
+    dbg._save_count.clear()  # noqa: SLF001
+    dbg.cells.new_step()
+    dbg.apis.new_step()
 
 
 def _at_child_exit(fn: Callable[..., None]) -> None:
@@ -207,5 +219,13 @@ def found_line(cls_name: str) -> str:
             "one step per request batch")
 
 
+def retired_line(cls_name: str) -> str:
+    return (f"worker (pid {os.getpid()}): {cls_name} is trained after all (a grad function or "
+            "optimizer appeared): watched as training from here, its forward-only calls before that left out of the training steps")
+
+
 def say(text: str) -> None:
-    print(f"[rankscope] {text}", file=sys.stderr, flush=True)
+    # One write: ranks share the launcher's stderr, and print's separate newline write
+    # lets another rank's line land in the middle.
+    sys.stderr.write(f"[rankscope] {text}\n")
+    sys.stderr.flush()

@@ -38,6 +38,13 @@ class Watch:
 PIJIT_UNSEEN = "nothing inside jit(capture_mode=\"bytecode\") calls is seen: rankscope stays out of them"
 
 
+#: Why a rank's own gradient fault can go unseen: gradients reduced by the script itself
+#: (ops.AllReduce, a custom Cell) are recorded only as the optimizer gets them, after the
+#: reduction made them the same on every replica.
+GRADS_UNSEEN = ("no nn.DistributedGradReducer: gradients are recorded as the optimizer gets them, "
+                "after the script's own reduction; a rank's local gradients before it are not seen")
+
+
 class WatchReporter:
     """Decides the rank's watch line from what the probe saw, and says it once."""
 
@@ -53,6 +60,7 @@ class WatchReporter:
         self.eager_unseen = ""  # why eager steps get no hooks (the level), or ""
         self.silent = False  # handed over to the script's own debugger, which will say it
         self.serving: str | None = None  # class of the forward-only model found, if any
+        self.grads_unseen = ""  # GRADS_UNSEEN when a multi-rank step reduced without a reducer
 
     def current(self) -> Watch:
         if self.jit_steps:
@@ -76,7 +84,7 @@ class WatchReporter:
             if self.serving:
                 return Watch(PYNATIVE, f"hooks on serving model {self.serving} (forward-only, "
                              "one step per request batch)")
-            return Watch(PYNATIVE, "hooks")
+            return Watch(PYNATIVE, "hooks", self.grads_unseen)
         if self.jit_compiles:
             return Watch(JIT, UNWATCHED, "the optimizer runs inside an @ms.jit function, so no step "
                          "boundary is visible from Python; the run went on untouched")

@@ -129,6 +129,10 @@ class StepBatchBuilder:
         self._names = names
         self._reset()
 
+    def clear(self) -> None:
+        """Drop the rows accumulated so far (a step's records taken back before its end)."""
+        self._reset()
+
     def _reset(self) -> None:
         self._ids: list[int] = []
         self._kinds: list[int] = []

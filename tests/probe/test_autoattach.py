@@ -172,3 +172,22 @@ def test_train_one_step_cell_loop_is_probed(tmp_path):
     assert sorted(got) == [0, 1, 2]  # one step per TrainOneStepCell call
     assert "Cell.0.Dense.forward.0" in got[2] and "Cell.2.Dense.backward.0" in got[2]
     assert "Cell.0.Dense.forward.1" not in got[2]
+
+
+def test_a_shape_check_forward_before_the_optimizer_is_not_left_as_serving(tmp_path):
+    # A stranger's script calls net(x) once before building the optimizer: the serving
+    # finder takes it for a server, then must say plainly that it trains after all,
+    # and the warm-up call must not land in step 0's record.
+    warmup = "net(ms.Tensor(np.zeros((2, 6), np.float32)))\n    loss_fn = nn.MSELoss()"
+    script = PLAIN.format(debugger_setup="", debugger_start="pass", debugger_end="pass")
+    script = script.replace("loss_fn = nn.MSELoss()", warmup, 1)
+    proc = run(script, tmp_path)
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("[rankscope]")]
+    assert sum("serving model MLP found" in ln for ln in lines) == 1, lines
+    assert sum(ln.endswith("left out of the training steps") and "MLP is trained after all" in ln
+               for ln in lines) == 1, lines
+    got = dumps(tmp_path)
+    assert sorted(got) == [0, 1, 2]
+    for data in got.values():
+        assert "Cell.fc1.Dense.forward.0" in data and "Cell.fc1.Dense.parameters_grad.0" in data
+        assert not any(k.endswith("forward.1") for k in data)

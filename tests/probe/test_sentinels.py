@@ -90,6 +90,7 @@ def test_loss_and_grads_handed_to_the_optimizer_without_a_reducer(tmp_path):
     kind, stats, _, _ = r["Sentinel.grad_local.0.weight"]
     assert kind == Kind.GRAD_LOCAL and stats[3] == pytest.approx(float(np.linalg.norm(g)), rel=1e-5)
     assert not any(n.startswith("Sentinel.grad_reduced") for n in r)
+    assert dbg.sentinels.unreduced_steps == 1  # what makes a multi-rank run say local grads are unseen
 
 
 def test_reducer_input_is_local_and_output_is_reduced(tmp_path):
@@ -114,6 +115,7 @@ def test_reducer_input_is_local_and_output_is_reduced(tmp_path):
     # local grads are recorded once per step (at the reducer, not again at the optimizer)
     names = [dbg.recorder.names.name(int(i)) for i in dbg.flight_recorder.batches()[-1].name_ids]
     assert names.count("Sentinel.grad_local.0.weight") == 1
+    assert dbg.sentinels.unreduced_steps == 0
 
 
 def test_sentinels_can_be_switched_off(tmp_path):

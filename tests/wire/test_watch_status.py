@@ -127,3 +127,14 @@ def test_stream_id_is_empty_for_a_stream_without_a_descriptor():
 
     from rankscope.wire.watch_line import stream_id
     assert stream_id(io.StringIO()) == "" and stream_id(-1) == ""
+
+
+def test_eager_steps_reduced_without_a_reducer_say_local_gradients_are_not_seen():
+    from rankscope.probe.watch import GRADS_UNSEEN, PYNATIVE, WatchReporter
+    r = WatchReporter()
+    r.eager_steps = 1
+    assert r.current().reason == ""
+    r.grads_unseen = GRADS_UNSEEN
+    w = r.current()
+    assert (w.mode, w.how, w.reason) == (PYNATIVE, "hooks", GRADS_UNSEEN)
+    assert w.line(2).endswith(f"watched through hooks ({GRADS_UNSEEN})")
