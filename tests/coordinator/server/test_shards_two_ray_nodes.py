@@ -23,7 +23,10 @@ from rankscope.coordinator.server.actor import start_coordinator
 from rankscope.coordinator.server.ingest_bench import simulated_batch
 from tests.sim_agent import RoutingAgent, wait_for
 
-pytestmark = [pytest.mark.ray, pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.ray, pytest.mark.timeout(180), pytest.mark.skipif(
+    not os.environ.get("RANKSCOPE_TWO_RAY_NODES"),
+    reason="starts two Ray nodes on this machine (~40 s; Ray's own fixed 30 s node-start limit fails on a "
+           "loaded machine, which made it flaky in the default run): set RANKSCOPE_TWO_RAY_NODES=1 to run it")]
 NS = "rankscope-test-two-nodes"
 
 
