@@ -133,18 +133,23 @@ class GraphSteps:
             self.sync.enter("graph")
         out = orig(ex, *args, **kwargs)
         if counters is not None:
-            now = _step_counters(list(counters))
-            opts = [o for o, v in counters.items() if now.get(o) != v]
-            try:
-                self._jit_kinds[fn] = opts
-            except TypeError:
-                pass
+            opts = self._learn_kinds(fn, counters)
             if not opts:
                 return out
         else:
             self.sync.leave("graph")
         return self._after(None, out, "jit")
 
+    def _learn_kinds(self, fn: Any, counters: dict) -> list:
+        """After a jit/PIJit function's first call: the optimizers it stepped (none: not a
+        training step), remembered for its later calls."""
+        now = _step_counters(list(counters))
+        opts = [o for o, v in counters.items() if now.get(o) != v]
+        try:
+            self._jit_kinds[fn] = opts
+        except TypeError:  # an unhashable callable: asked again next call
+            pass
+        return opts
 
     def pijit_enter(self, ctx: Any) -> None:
         """A PIJit call begins (outside its capture): like ``run_jit`` before the call."""
@@ -175,12 +180,7 @@ class GraphSteps:
         if counters:
             if not ok:
                 return
-            now = _step_counters(list(counters))
-            opts = [o for o, v in counters.items() if now.get(o) != v]
-            try:
-                self._jit_kinds[fn] = opts
-            except TypeError:
-                pass
+            opts = self._learn_kinds(fn, counters)
         elif opts:
             self.sync.leave("graph")
         if opts and ok:
