@@ -14,7 +14,6 @@ Skipped where Slurm is not installed or the test is not root (slurmd needs it).
 """
 from __future__ import annotations
 
-import json
 import os
 import secrets
 import socket
@@ -24,6 +23,7 @@ from pathlib import Path
 
 import pytest
 import slurm_cluster
+from incident_checks import grad_incident
 from node_harness import free_port
 from repo_paths import REPO
 
@@ -66,15 +66,7 @@ def test_sbatch_script_under_real_slurm_exports_the_incident_with_every_bundle(s
         explain = f"job {state} exit {code}\n{out[-5000:]}\n{cluster.logs()}"
     # export: the job trains on after the incident and ends well, daemon steps and all.
     assert (state, code) == ("COMPLETED", "0:0") and len(outs) == 1, explain
-    found = sorted((exports / "incidents").glob("*/incident.json"))
-    assert len(found) == 1, explain
-    inc = json.loads(found[0].read_text())
-    assert (inc["first_diverging_rank"], inc["step"]) == (3, 5), explain
-    assert inc["tensor"].startswith("Sentinel.grad_local"), explain
-    assert sorted(inc["bundles"]) == ["0", "1", "2", "3"], explain
-    for r in range(4):
-        assert (found[0].parent / f"rank_{r}" / "rdr").is_dir(), explain
-    rows = json.loads((found[0].parent / "rank_map.json").read_text())["entries"]
+    inc, rows = grad_incident(exports / "incidents", 3, 5, 4, explain)
     assert sorted(r["assigned_rank"] for r in rows) == [0, 1, 2, 3], rows
     assert {r["host"] for r in rows} == {socket.gethostname()}, rows  # the agent's --host $(hostname)
     # The job's end stopped its daemon steps with SIGTERM: none was killed by Slurm, and

@@ -10,7 +10,6 @@ gives the run its own Ray token (never the machine's Ray or its ~/.ray token).
 """
 from __future__ import annotations
 
-import json
 import os
 import re
 import secrets
@@ -20,6 +19,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from incident_checks import grad_incident
 from node_harness import free_port
 from repo_paths import REPO
 
@@ -56,14 +56,6 @@ def test_a_fault_on_the_second_node_is_named_with_every_bundle_and_the_told_host
     logs = "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-1500:]}"
                      for p in sorted(work.glob("*.log")) if p.is_file())
     explain = f"exit {proc.returncode}\n{out[-3000:]}\n{logs}"
-    found = sorted((work / "out" / "incidents").glob("*/incident.json"))
-    assert len(found) == 1, explain
-    inc = json.loads(found[0].read_text())
-    assert (inc["first_diverging_rank"], inc["step"]) == (3, 5), explain
-    assert inc["tensor"].startswith("Sentinel.grad_local"), explain
-    assert sorted(inc["bundles"]) == ["0", "1", "2", "3"], explain
-    for r in range(4):
-        assert (found[0].parent / f"rank_{r}" / "rdr").is_dir(), explain
-    rows = json.loads((found[0].parent / "rank_map.json").read_text())["entries"]
+    inc, rows = grad_incident(work / "out" / "incidents", 3, 5, 4, explain)
     hosts = {r["assigned_rank"]: r["host"] for r in rows}
     assert hosts == {0: "node0", 1: "node0", 2: "node1", 3: "node1"}, rows
