@@ -53,6 +53,9 @@ class StepGate:
         self.hold_at: int | None = None  # PAUSED: block before this step starts (None: next boundary)
         #: The step this rank last began (training thread; one int store per boundary).
         self.started: int | None = None
+        #: Set before a process's last boundary (a serving worker ending its final batch
+        #: at exit): no step begins after it, so ``started`` stays on the one that ended.
+        self.closing = False
         self._on_state = on_state  # told when the rank blocks/unblocks, for status
         self.exit_on_terminate = exit_on_terminate
         self.exit_code = exit_code
@@ -90,16 +93,17 @@ class StepGate:
     def at_step_boundary(self, step: int) -> None:
         """``step`` has just ended. Return at once when running; block while paused.
         Cheap in the common case: one attribute read without the lock."""
+        nxt = step if self.closing else step + 1
         if self.started is None:
             self.started = step  # the first boundary: this rank was inside ``step``
         if self.state is GateState.RUNNING:
-            self.started = step + 1
+            self.started = nxt
             return
         with self._cond:
             if self.state is GateState.STEPPING:
                 self.remaining -= 1
                 if self.remaining > 0:
-                    self.started = step + 1
+                    self.started = nxt
                     return
                 self.state, self.hold_at = GateState.PAUSED, None
             notified = False
@@ -111,7 +115,7 @@ class StepGate:
                 self._cond.wait(timeout=1.0)
             self.waiting_at = None
             if self.state is not GateState.TERMINATED:
-                self.started = step + 1
+                self.started = nxt
             if notified:
                 self._notify(self.state, step)
             if self.state is GateState.TERMINATED:

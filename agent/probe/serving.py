@@ -187,6 +187,7 @@ class ServingDriver:
             return
         try:
             self.retired = True
+            self.dbg.gate.closing = True  # the server is leaving: no next batch begins
             self._end_batch()
             if close_client and self.dbg.client is not None:
                 self.dbg.client.close()  # its own exit handler will not run: send the batch now

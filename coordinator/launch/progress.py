@@ -107,8 +107,7 @@ def format_verdict(incident: dict[str, Any]) -> str:
             lines.append("  followers: " + ", ".join(_follower(f) for f in followers) + "  (taken down after it)")
         others = ev.get("others") or []
         if others:
-            lines.append("  others   : " + ", ".join(
-                f"rank {o['rank']} {o['state']} (began step {shown(o.get('started'))})" for o in others))
+            lines.append("  others   : " + ", ".join(_other(o) for o in others))
     else:
         lines.append(f"  tensor   : {incident.get('tensor') or '—'}")
     rule = ev.get("rule")
@@ -127,6 +126,17 @@ def format_verdict(incident: dict[str, Any]) -> str:
 
 def _delay(d: Any) -> str:
     return "—" if d is None else f"+{float(d):.2f} s"
+
+
+def _other(o: dict) -> str:
+    started, last = o.get("started"), o.get("last_step")
+    # A serving worker that ended its last batch began nothing after it.
+    where = f"done with step {last}" if started is not None and last is not None and last >= started \
+        else f"began step {shown(started)}"
+    heard = o.get("heard_s")
+    # What the coordinator last heard: worth a word only when it is not (nearly) the death's instant.
+    stale = f", heard {heard:.1f} s before its death" if heard is not None and heard >= 0.05 else ""
+    return f"rank {o['rank']} {o['state']} ({where}{stale})"
 
 
 def _follower(f: dict[str, Any]) -> str:

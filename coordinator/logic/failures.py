@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import signal
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from rankscope.coordinator.logic.aligner import LIVE_STATES, Group, RankRecord, RankState
 from rankscope.coordinator.logic.detectors.common import MAX_EVIDENCE_RANKS
@@ -94,7 +94,7 @@ class FailureJudge:
         the job is over), or a hang."""
         ep = self.episodes.get(group.label)
         if ep is not None and ep.verdict is None and (force or now - ep.opened >= self.settle_s):
-            ep.verdict = self._decide(group, ep.deaths)
+            ep.verdict = self._decide(group, ep.deaths, lambda t: wall_now - (now - t))
             return [ep.verdict]
         if (ep is None or ep.verdict is None) and (force or now >= self._next_hang_check.get(group.label, now)):
             # A scan of every member's sync point: a few times a second is plenty against
@@ -106,7 +106,8 @@ class FailureJudge:
         return []
 
     # --- deciding -----------------------------------------------------------------------
-    def _decide(self, group: Group, deaths: list[Death]) -> Verdict:
+    def _decide(self, group: Group, deaths: list[Death], to_wall: Callable[[float], float]) -> Verdict:
+        """``to_wall``: a time on the ingest clock (last heard) on the wall clock deaths use."""
         by_rank = {d.rank: d for d in deaths}
         syncs = _sync_points(group, by_rank)
         blocking = _blocking(syncs)
@@ -122,11 +123,11 @@ class FailureJudge:
         if cause is None and not hung:
             cause = _earliest(deaths)
         if cause is not None:
-            return self._death_verdict(group, cause, deaths, syncs, blocking)
+            return self._death_verdict(group, cause, deaths, syncs, blocking, to_wall)
         return self._hang_verdict(group, hung, syncs, blocking, deaths)
 
     def _death_verdict(self, group: Group, cause: Death, deaths: list[Death], syncs: dict[int, SyncPoint],
-                       blocking: SyncPoint | None) -> Verdict:
+                       blocking: SyncPoint | None, to_wall: Callable[[float], float]) -> Verdict:
         pos = cause.position
         if blocking is not None and _before(syncs.get(cause.rank), blocking):
             step = blocking.step  # it never reached the collective of that step
@@ -145,7 +146,7 @@ class FailureJudge:
         token = pos[1] if pos is not None and pos[0] == step else None
         if token is not None:
             ev["manner"] = f"{what} while at token {token} (forward call {token} of step {step})"
-        ev["others"] = _others(group, cause, deaths)
+        ev["others"] = _others(group, cause, deaths, to_wall)
         v = Verdict(detector="progress", rank=cause.rank, step=step, tensor=None, exec_index=None, kind=None,
                     group=group.label, evidence=ev, ties=_ties(cause, deaths), job=group.job, urgent=True,
                     token=token)
@@ -239,9 +240,12 @@ def _collective(group: Group, syncs: dict[int, SyncPoint], blocking: SyncPoint) 
             "waiting_since": since}
 
 
-def _others(group: Group, cause: Death, deaths: list[Death]) -> list[dict[str, Any]]:
+def _others(group: Group, cause: Death, deaths: list[Death],
+            to_wall: Callable[[float], float]) -> list[dict[str, Any]]:
     """Where the other members stood when the cause was judged: their state, the newest
-    step each handed over and the one each said it began (a serving worker's request batch)."""
+    step each handed over and the one each said it began (a serving worker's request batch),
+    as last heard: ``heard_s`` is how long before the death that was (a fast loop may be a
+    step further by then)."""
     dead = {d.rank: d for d in deaths}
     out = []
     for m in sorted(group.members, key=lambda m: m.rank):
@@ -249,6 +253,8 @@ def _others(group: Group, cause: Death, deaths: list[Death]) -> list[dict[str, A
             continue
         row: dict[str, Any] = {"rank": m.rank, "state": m.state.value, "last_step": m.last_step,
                                "started": m.started}
+        if m.last_seen is not None:
+            row["heard_s"] = round(max(0.0, cause.died_at - to_wall(m.last_seen)), 3)
         d = dead.get(m.rank)
         if d is not None and d.position is not None:
             row["position"] = {"step": d.position[0], "token": d.position[1]}

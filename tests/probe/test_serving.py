@@ -122,9 +122,11 @@ def test_the_driver_makes_one_step_per_request_batch_with_its_tokens(ms_cells, t
             net(ids(b, prompt))
             for _ in range(3):
                 net(ids=ids(b, 1))
-        assert dbg.current_step == 1 and drv.batches == 2
+        assert dbg.current_step == 1 and drv.batches == 2 and dbg.gate.started == 1
         drv._at_exit()
-        assert dbg.current_step == 2 and drv.retired
+        # The last batch ended and nothing began after it: a crash verdict about another
+        # worker must not say this one "began step 2".
+        assert dbg.current_step == 2 and drv.retired and dbg.gate.started == 1
         net(ids(1, 7))  # after the end nothing more is counted
         assert dbg.current_step == 2
     finally:

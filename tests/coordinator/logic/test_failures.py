@@ -202,7 +202,27 @@ def test_a_position_from_an_older_step_gives_no_token():
     [v] = settle(core, clock)
     assert (v.step, v.token) == (6, None)
     assert v.evidence["manner"] == "exited with status 1"
-    assert v.evidence["others"] == [{"rank": 0, "state": "running", "last_step": -1, "started": 7}]
+    [other] = v.evidence["others"]
+    assert {k: other[k] for k in ("rank", "state", "last_step", "started")} == \
+        {"rank": 0, "state": "running", "last_step": -1, "started": 7}
+
+
+def test_the_others_state_says_how_long_before_the_death_it_was_heard():
+    # The ingest clock (last heard) and the wall clock (deaths) are different clocks: the
+    # age is taken across them, so a rank heard 1.7 s before the death reads 1.7.
+    core, clock, wall = make(world=3)
+
+    def later(dt: float) -> None:
+        clock.advance(dt)
+        wall.advance(dt)
+    core.on_heartbeat("j", 0, 2, "running", started=3)
+    later(1.5)
+    core.on_heartbeat("j", 2, 2, "running", started=3)
+    later(0.2)
+    core.on_rank_lost("j", 1, 1, -signal.SIGKILL, "exited", died_at=wall(), signal=signal.SIGKILL)
+    later(0.6)
+    [v] = core.tick()
+    assert {o["rank"]: o["heard_s"] for o in v.evidence["others"]} == {0: 1.7, 2: 0.2}
 
 
 def test_a_worker_reaped_by_its_own_parent_is_not_said_to_have_exited():
