@@ -83,6 +83,17 @@ def silent_ranks(status: dict[str, Any] | None) -> list[int]:
     return sorted(int(r) for r, info in ranks.items() if not heard_from(info or {}))
 
 
+def partly_seen(status: dict[str, Any] | None, watched: list[int]) -> list[int]:
+    """Watched ranks whose reported way of watching carries a reason (something unseen)."""
+    ranks = (status or {}).get("ranks") or {}
+    out = []
+    for r in watched:
+        w = (ranks.get(str(r)) or ranks.get(r) or {}).get("watch")
+        if isinstance(w, dict) and w.get("reason"):
+            out.append(r)
+    return out
+
+
 def _who(note: dict[str, Any]) -> tuple[str, Any]:
     """One entry per rank; a process with no rank id is itself."""
     return ("rank", int(note["rank"])) if note.get("rank") is not None else ("pid", note.get("pid"))
@@ -96,6 +107,8 @@ class WatchedRanks:
     watched: list[int] | None = field(default_factory=list)
     unwatched: list[dict[str, Any]] = field(default_factory=list)  # attach-failure notes
     last_judged_step: int | None = None
+    #: Watched ranks whose watch line names something it could not see (its reason).
+    partly: list[int] = field(default_factory=list)
 
     @classmethod
     def of(cls, status: dict[str, Any] | None, failures: dict[int, dict[str, Any]]) -> "WatchedRanks":
@@ -107,7 +120,8 @@ class WatchedRanks:
         noted = {n.get("rank") for n in unwatched}
         unwatched += [{"rank": r, "reason": "never attached"} for r in silent_ranks(status) if r not in noted]
         judged = status.get("last_judged_step")
-        return cls(watched, unwatched, judged if isinstance(judged, int) and judged >= 0 else None)
+        return cls(watched, unwatched, judged if isinstance(judged, int) and judged >= 0 else None,
+                   partly_seen(status, watched))
 
     @property
     def complete(self) -> bool:
@@ -131,7 +145,10 @@ def end_of_run_line(cov: WatchedRanks, rc: int, found_divergence: bool) -> str:
     missed = f"; UNWATCHED: {missed}" if missed else ""
     if found_divergence:
         return f"{cov.ranks_text()}{steps}{missed}"
-    return f"no divergence found in {cov.ranks_text()}{steps}{missed}; {tail}"
+    # "No divergence" covers only what was seen: a rank whose watch line names a blind
+    # spot (local gradients, a jit body, the kernels) is named here as well.
+    partly = f"; NOT ALL SEEN on {rank_span(cov.partly)} (their watch line says what)" if cov.partly else ""
+    return f"no divergence found in {cov.ranks_text()}{steps}{partly}{missed}; {tail}"
 
 
 def _how_missed(note: dict[str, Any]) -> str:

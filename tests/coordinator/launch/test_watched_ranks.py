@@ -28,6 +28,19 @@ def test_all_watched_is_a_clean_run():
     assert exit_status(cov, 0, allow_unwatched=False) == 0
 
 
+def test_no_divergence_names_the_ranks_whose_watch_could_not_see_everything():
+    # Ranks reducing gradients with their own ops.AllReduce: watched, but a local gradient
+    # fault cannot be seen. "No divergence" alone would claim more than was looked at.
+    blind = {**RUNNING, "watch": {"mode": "PyNative", "how": "hooks", "reason": "no nn.DistributedGradReducer: ..."}}
+    seen = {**RUNNING, "watch": {"mode": "PyNative", "how": "hooks", "reason": ""}}
+    cov = WatchedRanks.of(status({"0": blind, "1": blind, "2": blind, "3": seen}), {})
+    assert cov.partly == [0, 1, 2]
+    line = end_of_run_line(cov, 0, found_divergence=False)
+    assert line == "no divergence found in 4 of 4 rank(s) watched (ranks 0-3), steps through 5 compared; " \
+                   "NOT ALL SEEN on ranks 0-2 (their watch line says what); command exited with 0"
+    assert exit_status(cov, 0, allow_unwatched=False) == 0  # watched, only not everything
+
+
 def test_a_rank_that_failed_to_attach_is_named_and_the_run_is_not_clean():
     failures = {7: {"rank": 2, "pid": 7, "reason": "config field 'x' = 1: bad"}}
     cov = WatchedRanks.of(status({"0": RUNNING, "1": RUNNING}), failures)
