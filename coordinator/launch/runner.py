@@ -28,12 +28,17 @@ from rankscope.coordinator.launch.watched import (
     WatchedRanks,
     end_of_run_line,
     exit_status,
+    still_live,
 )
 from rankscope.wire.watch_line import stream_id
 
 #: Exit status when rankscope terminated the job because of an incident.
 INCIDENT_EXIT = 86
 ACTIONS = ("pause", "export", "terminate", "continue")
+#: How long the end of the run waits for the node agent's word that the command's ranks
+#: ended (its liveness checks take well under a second; a rank that outlives its command
+#: is not waited for longer than this).
+ENDS_WAIT_S = 5.0
 
 
 def print_loud(msg: str) -> None:
@@ -217,6 +222,7 @@ class Launch:
             cov = WatchedRanks(watched=None, unwatched=list(self.attach_watch.failures.values()))
             self._say_unwatched(cov, allow)
             return exit_status(cov, rc, allow)
+        self._await_ends()
         incidents = self.coordinator.drain(30.0)
         status = self._final_status()
         cov = WatchedRanks.of(status, self.attach_watch.failures)
@@ -248,6 +254,19 @@ class Launch:
         for how, back in self.agent_downs:
             line += f"; node agent {how}, down {back:.1f} s"
         return line
+
+    def _await_ends(self, within_s: float = ENDS_WAIT_S) -> None:
+        """The command is over, but the node agent's word that its ranks ended (a worker
+        its server SIGTERMed on the way out) may still be on the way: wait for it, briefly,
+        so the verdict is not written without those deaths."""
+        deadline = time.monotonic() + within_s
+        while time.monotonic() < deadline:
+            try:
+                if not still_live(self.coordinator.status(timeout=5)):
+                    return
+            except Exception:  # noqa: BLE001 - the drain that follows says what it can
+                return
+            time.sleep(0.2)
 
     def _final_status(self) -> dict | None:
         try:

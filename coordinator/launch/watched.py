@@ -83,6 +83,13 @@ def silent_ranks(status: dict[str, Any] | None) -> list[int]:
     return sorted(int(r) for r, info in ranks.items() if not heard_from(info or {}))
 
 
+def still_live(status: dict[str, Any] | None) -> list[int]:
+    """Ranks heard from that are not known to have ended yet (finished or lost)."""
+    ranks = (status or {}).get("ranks") or {}
+    return sorted(int(r) for r, info in ranks.items()
+                  if heard_from(info or {}) and (info or {}).get("state") not in ("finished", "lost"))
+
+
 def partly_seen(status: dict[str, Any] | None, watched: list[int]) -> list[int]:
     """Watched ranks whose reported way of watching carries a reason (something unseen)."""
     ranks = (status or {}).get("ranks") or {}

@@ -33,6 +33,7 @@ from rankscope.coordinator.logic.identities import merge_rank_maps
 from rankscope.coordinator.logic.incident import Action, IncidentEvent
 from rankscope.coordinator.logic.incident_book import IncidentBook
 from rankscope.coordinator.logic.series import SeriesRecorder
+from rankscope.coordinator.logic.stops import stop_of
 from rankscope.coordinator.logic.verdict import Verdict
 from rankscope.wire.layout import rank_from_wire
 from rankscope.wire.records import StepBatch
@@ -277,11 +278,16 @@ class CoordinatorCore:
     # --- reporting ----------------------------------------------------------------
     def coverage_report(self, job: str) -> dict[str, Any]:
         """Which steps of which ranks were seen and judged (see :mod:`.coverage`)."""
-        ends = {}
+        ends, mine = {}, []
         for (j, rank), rec in self.aligner.ranks.items():
             if j == job:
                 ends[rank] = rec.last_step if rec.state is RankState.LOST else None
-        return self.coverage.report(job, ends)
+                mine.append(rec)
+        report = self.coverage.report(job, ends)
+        stop = stop_of(mine)
+        if stop is not None:
+            report["stopped"] = stop
+        return report
 
     def documents(self) -> list[dict[str, Any]]:
         """Every incident as users read it (incident.json's fields, plus ``dir``)."""

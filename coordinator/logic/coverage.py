@@ -117,7 +117,7 @@ def describe(report: dict[str, Any]) -> str:
     """One line for people: what was watched, then what was not."""
     n = report["ranks"]
     if report["steps"] is None:
-        return f"nothing watched: no step of any of {n} rank(s) reached the coordinator"
+        return f"nothing watched: no step of any of {n} rank(s) reached the coordinator" + _stop_text(report, "; ")
     lo, hi = report["steps"]
     line = f"watched steps {lo}-{hi} on {report['watched_ranks']}/{n} ranks"
     parts = []
@@ -131,7 +131,28 @@ def describe(report: dict[str, Any]) -> str:
         if e.get("dropped_steps"):
             what += f" ({e['dropped_steps']} step(s) dropped in the rank)"
         parts.append(what)
-    return line + ("; " + "; ".join(parts) if parts else "")
+    return line + ("; " + "; ".join(parts) if parts else "") + _stop_text(report, "; ")
+
+
+def _stop_text(report: dict[str, Any], sep: str) -> str:
+    """Where the job was stopped from outside (:mod:`.stops`), if it was."""
+    stop = report.get("stopped")
+    if not stop:
+        return ""
+    ranks = stop["ranks"]
+    who = f"rank {ranks[0]}" if len(ranks) == 1 else f"{len(ranks)} ranks ({_ranges_text(_runs(ranks))})"
+    return f"{sep}{who} stopped together from outside by {stop['signal']} after step {stop['after_step']} " \
+        "(no rank failed first)"
+
+
+def _runs(ranks: list[int]) -> list[list[int]]:
+    out: list[list[int]] = []
+    for r in sorted(ranks):
+        if out and out[-1][1] == r - 1:
+            out[-1][1] = r
+        else:
+            out.append([r, r])
+    return out
 
 
 def _ranges_text(ranges: list[list[int]]) -> str:

@@ -31,6 +31,7 @@ from typing import Any, Callable
 
 from rankscope.coordinator.logic.aligner import LIVE_STATES, Group, RankRecord, RankState
 from rankscope.coordinator.logic.detectors.common import MAX_EVIDENCE_RANKS
+from rankscope.coordinator.logic.stops import is_stop
 from rankscope.coordinator.logic.verdict import Verdict
 from rankscope.wire.sync import SyncPoint
 
@@ -68,6 +69,7 @@ class Episode:
     opened: float  # coordinator monotonic clock, when the first death arrived
     deaths: list[Death] = field(default_factory=list)
     verdict: Verdict | None = None
+    stopped: bool = False  # judged a stop from outside (:mod:`.stops`): no verdict
 
 
 class FailureJudge:
@@ -79,6 +81,11 @@ class FailureJudge:
 
     def death(self, group: Group, d: Death, now: float) -> None:
         ep = self.episodes.get(group.label)
+        if ep is not None and ep.stopped:
+            if d.died_at - min(x.died_at for x in ep.deaths) <= self.teardown_s:
+                ep.deaths.append(d)  # one more rank of the stopped job
+                return
+            ep = None
         if ep is not None and ep.verdict is not None:
             cause_at = ep.verdict.evidence.get("failed_at")
             if cause_at is None or d.died_at - cause_at <= self.teardown_s:
@@ -93,10 +100,13 @@ class FailureJudge:
         """Verdicts due now: an episode whose settle time passed (or any, with ``force``:
         the job is over), or a hang."""
         ep = self.episodes.get(group.label)
-        if ep is not None and ep.verdict is None and (force or now - ep.opened >= self.settle_s):
+        if ep is not None and ep.verdict is None and not ep.stopped and (force or now - ep.opened >= self.settle_s):
             ep.verdict = self._decide(group, ep.deaths, lambda t: wall_now - (now - t))
+            if ep.verdict is None:
+                ep.stopped = True
+                return []
             return [ep.verdict]
-        if (ep is None or ep.verdict is None) and (force or now >= self._next_hang_check.get(group.label, now)):
+        if (ep is None or (ep.verdict is None and not ep.stopped)) and (force or now >= self._next_hang_check.get(group.label, now)):
             # A scan of every member's sync point: a few times a second is plenty against
             # a timeout of minutes, and keeps it out of most of the ingest loop's ticks.
             self._next_hang_check[group.label] = now + HANG_CHECK_S
@@ -106,7 +116,7 @@ class FailureJudge:
         return []
 
     # --- deciding -----------------------------------------------------------------------
-    def _decide(self, group: Group, deaths: list[Death], to_wall: Callable[[float], float]) -> Verdict:
+    def _decide(self, group: Group, deaths: list[Death], to_wall: Callable[[float], float]) -> Verdict | None:
         """``to_wall``: a time on the ingest clock (last heard) on the wall clock deaths use."""
         by_rank = {d.rank: d for d in deaths}
         syncs = _sync_points(group, by_rank)
@@ -121,6 +131,8 @@ class FailureJudge:
             else:
                 hung = [m for m in group.members if m.rank in absent and m.state in LIVE_STATES | {RankState.STALLED}]
         if cause is None and not hung:
+            if is_stop(((d.rank, d.signal, d.died_at) for d in deaths), group.members):
+                return None  # stopped from outside: nobody failed first
             cause = _earliest(deaths)
         if cause is not None:
             return self._death_verdict(group, cause, deaths, syncs, blocking, to_wall)

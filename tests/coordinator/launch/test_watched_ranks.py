@@ -10,6 +10,7 @@ from rankscope.coordinator.launch.watched import (
     WatchedRanks,
     end_of_run_line,
     exit_status,
+    still_live,
 )
 from rankscope.wire.attach_report import write_failure
 
@@ -108,3 +109,11 @@ def test_rank_span_shortens_runs():
     assert rank_span([3]) == "rank 3"
     assert rank_span([0, 1]) == "ranks 0, 1"
     assert rank_span([5, 0, 1, 2, 3, 9, 10, 11]) == "ranks 0-3, 5, 9-11"
+
+
+def test_the_end_waits_only_for_ranks_heard_from_and_not_yet_ended():
+    ended = {"0": {**RUNNING, "state": "finished"}, "1": {**RUNNING, "state": "lost"}}
+    assert still_live(status(ended)) == []
+    # rank 2 still running (its death not reported yet); rank 3 only expected, never spoke
+    assert still_live(status({**ended, "2": RUNNING, "3": {"state": "expected", "step": -1, "pid": None}})) == [2]
+    assert still_live(None) == []
