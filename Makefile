@@ -12,9 +12,11 @@ PYTEST_ARGS ?=
 .PHONY: demo test test-fast bench lint clean install venv system-deps
 
 # Debian tools some tests drive: headless Chromium renders report.html for the DOM test,
-# shellcheck checks the deploy scripts. Installed when missing and we can (root + apt);
-# otherwise those tests skip and say why.
-SYSTEM_TOOLS := chromium shellcheck
+# shellcheck checks the deploy scripts, a one-node Slurm cluster (munge, slurmctld, slurmd)
+# runs deploy/slurm/rankscope.sbatch for real. Installed when missing and we can (root +
+# apt); otherwise those tests skip and say why. Each entry is command:package.
+SYSTEM_TOOLS := chromium:chromium shellcheck:shellcheck munged:munge slurmctld:slurmctld \
+	slurmd:slurmd sbatch:slurm-client
 
 # Python's answer to "is this interpreter one pyproject's requires-python admits?":
 # prints X.Y, or exits 1 saying which versions are needed.
@@ -70,7 +72,7 @@ test: venv system-deps
 	$(PY) -m pytest -q -rs $(PYTEST_ARGS)
 
 system-deps:
-	@missing=""; for t in $(SYSTEM_TOOLS); do command -v $$t >/dev/null 2>&1 || missing="$$missing $$t"; done; \
+	@missing=""; for tp in $(SYSTEM_TOOLS); do command -v $${tp%%:*} >/dev/null 2>&1 || missing="$$missing $${tp#*:}"; done; \
 	if [ -z "$$missing" ]; then exit 0; fi; \
 	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 		echo "installing$$missing (Debian packages)"; \
