@@ -15,6 +15,7 @@ import time
 from typing import Any
 
 from rankscope.coordinator.launch.progress import shown
+from rankscope.coordinator.logic.coverage import describe
 from rankscope.coordinator.server.actor import DEFAULT_NAMESPACE
 
 VERBS = ("status", "pause", "resume", "step", "terminate", "export", "collect")
@@ -52,6 +53,12 @@ def format_status(st: dict) -> str:
                                              for r, v in sorted(ranks.items(), key=lambda kv: int(kv[0]))))
     else:
         lines.append("ranks: none attached")
+    # What was judged, beside the incident count: on the multi-node path this command is
+    # where a user reads the verdict, and "incidents: 0" alone would also be said of
+    # steps nobody saw.
+    coverage = st.get("coverage") or {}
+    for job, report in sorted(coverage.items()):
+        lines.append(("coverage: " if len(coverage) == 1 else f"coverage (job {job}): ") + describe(report))
     incs = st.get("incidents") or []
     lines.append(f"incidents: {len(incs)}")
     for inc in incs:

@@ -152,3 +152,13 @@ def test_nothing_known_is_a_dash_never_none():
                                                            "first_diverging_rank": None, "step": None}]})
     for text in (verdict, status):
         assert "None" not in text and "—" in text, text
+
+
+def test_status_says_what_was_watched_beside_the_incident_count():
+    from rankscope.coordinator.cli.control import format_status
+    full = {"job": "j", "steps": [0, 9], "ranks": 4, "watched_ranks": 4, "complete": True, "not_seen": []}
+    gap = {**full, "watched_ranks": 3, "complete": False, "not_seen": [{"rank": 2, "steps": "all"}]}
+    one = format_status({"ranks": {}, "incidents": [], "coverage": {"j": full}})
+    assert "coverage: watched steps 0-9 on 4/4 ranks" in one.splitlines()
+    two = format_status({"ranks": {}, "incidents": [], "coverage": {"j": full, "k": gap}})
+    assert "coverage (job k): watched steps 0-9 on 3/4 ranks; rank 2 not seen at all" in two.splitlines()
