@@ -13,6 +13,8 @@ class RankClaim:
     claimed_rank: int | None
     world_size: int | None = None
     dp_index: int | None = None
+    #: How many DP workers the server started (each alone in its world of 1).
+    dp_size: int | None = None
     device_id: int | None = None
     local_rank: int | None = None
     label: str = ""

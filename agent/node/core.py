@@ -224,9 +224,8 @@ class NodeCore:
             self._to_rank(entry, sticky)
 
     def _forward_register(self, entry: RankEntry) -> None:
-        body = {"host": entry.host, "pid": entry.pid, "claimed_rank": entry.claimed_rank,
-                "world_size": entry.world_size, "dp_index": entry.dp_index, "device_id": entry.device_id,
-                "local_rank": entry.local_rank, "label": entry.label, "assigned_rank": entry.assigned_rank}
+        body = {k: getattr(entry, k) for k in ("host", "pid", "claimed_rank", "world_size", "dp_index", "dp_size",
+                                               "device_id", "local_rank", "label", "assigned_rank")}
         if "versions" in entry.extra:
             body["versions"] = entry.extra["versions"]
         self._up_own(protocol.REGISTER, entry.job, body)  # own src: agents proposing one id are no replays

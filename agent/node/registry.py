@@ -49,6 +49,7 @@ class RankEntry:
     identity: bytes
     world_size: int | None = None
     dp_index: int | None = None
+    dp_size: int | None = None
     device_id: int | None = None
     local_rank: int | None = None
     label: str = ""
@@ -98,7 +99,7 @@ def _non_negative(value: object) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
-_INFO_FIELDS = ("world_size", "dp_index", "device_id", "local_rank", "label")
+_INFO_FIELDS = ("world_size", "dp_index", "dp_size", "device_id", "local_rank", "label")
 
 
 class RankRegistry:

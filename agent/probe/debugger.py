@@ -330,11 +330,12 @@ class PrecisionDebugger:
         except ImportError:
             return  # the node-agent client is not part of this build
         from rankscope.probe import stack_signal
+        from rankscope.probe.rank_env import dp_size_from_env
         client = AgentClient(endpoint, self.job, self.gate, on_export=self._on_export, sync=self.sync)
         dp_index, _ = resolve_dp_index(self.config.cluster.dp_index)
         claim = RankClaim(host=socket.gethostname(), pid=os.getpid(), claimed_rank=self.rank,
                           world_size=env_int("RANK_SIZE") or env_int("WORLD_SIZE") or world_size(),
-                          dp_index=dp_index, device_id=env_int("DEVICE_ID"),
+                          dp_index=dp_index, dp_size=dp_size_from_env(), device_id=env_int("DEVICE_ID"),
                           local_rank=env_int("LOCAL_RANK"), label=self._label,
                           stacks_file=stack_signal.install(self.job) or "")
         # 5 s, not 2: on a loaded node the agent's answer can take seconds, and a late

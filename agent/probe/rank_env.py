@@ -15,6 +15,15 @@ DP_INDEX_VARS: tuple[tuple[str, str], ...] = (
 )
 
 
+#: How many data-parallel workers the serving framework started, first one set wins. A
+#: worker alone in its world cannot know how many peers to expect; with this the
+#: coordinator awaits all of them before it compares their first request batch.
+DP_SIZE_VARS: tuple[tuple[str, str], ...] = (
+    ("RANKSCOPE_DP_SIZE", "rankscope (set it yourself where the framework says nothing)"),
+    ("VLLM_DP_SIZE", "vLLM (vllm/envs.py; its data_parallel.py example sets it beside VLLM_DP_RANK)"),
+)
+
+
 def make_flight_recorder(k: int) -> Any:
     try:
         from rankscope.rdr.flight_recorder import FlightRecorder
@@ -73,6 +82,21 @@ def dp_index_from_env(env: Mapping[str, str] | None = None) -> tuple[int | None,
             continue
         return value, name, problems
     return None, None, problems
+
+
+def dp_size_from_env(env: Mapping[str, str] | None = None) -> int | None:
+    """The first of :data:`DP_SIZE_VARS` holding an integer >= 1, else None (a bad value
+    is skipped: the only cost is that the first batch may be compared before every
+    worker arrived, which coverage then says)."""
+    env = os.environ if env is None else env
+    for name, _who in DP_SIZE_VARS:
+        try:
+            value = int((env.get(name) or "").strip())
+        except ValueError:
+            continue
+        if value >= 1:
+            return value
+    return None
 
 
 def resolve_dp_index(configured: int | None) -> tuple[int | None, str]:

@@ -59,6 +59,7 @@ SCHEMAS: dict[str, _Schema] = {
     REGISTER: {
         "host": ((str,), True), "pid": (_INT, True), "claimed_rank": ((int, type(None)), True),
         "world_size": ((int, type(None)), False), "dp_index": ((int, type(None)), False),
+        "dp_size": ((int, type(None)), False),
         "device_id": ((int, type(None)), False), "local_rank": ((int, type(None)), False),
         "versions": ((dict,), False), "label": ((str,), False), "stacks_file": ((str,), False),
         # Set by the node agent when it forwards a registration: the id after remapping.

@@ -167,6 +167,15 @@ class Group:
         return max((m.last_step for m in self.members), default=-1)
 
 
+def expected_world(info: dict[str, Any]) -> int | None:
+    """How many ranks the job this rank belongs to has: its world size, or, for a DP
+    serving worker alone in a world of 1, the number of workers its server started."""
+    ws, dp = info.get("world_size"), info.get("dp_size")
+    if isinstance(dp, int) and dp > 1 and not (isinstance(ws, int) and ws > 1):
+        return dp
+    return ws if isinstance(ws, int) else None
+
+
 class StepAligner:
     def __init__(self, settings: ClusterSettings) -> None:
         self.settings = settings
@@ -213,11 +222,11 @@ class StepAligner:
             if not any(m.state in (RankState.RUNNING, RankState.PAUSED, RankState.STALLED) for m in grp.members):
                 # Every process of the group had ended: this is a new run under the same
                 # job id. Its steps start again, so the group's alignment starts over.
-                self.reset_group(grp, info.get("world_size"))
+                self.reset_group(grp, expected_world(info))
             rec.state = RankState.EXPECTED  # a new process took this rank id (a restart): await it again
             rec.names, rec.layout = RankNames(), None
         rec.info.update(info)
-        ws = info.get("world_size")
+        ws = expected_world(info)
         # In "dp"/"replicas" mode the group is the whole job: expect every rank of the
         # world size, so step 0 is not judged before the slow starters registered.
         if isinstance(ws, int) and not isinstance(self.settings.groups, tuple) \

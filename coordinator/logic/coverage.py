@@ -125,7 +125,8 @@ def describe(report: dict[str, Any]) -> str:
         if e["steps"] == "all":
             what = f"rank {e['rank']} not seen at all"
         elif e["steps"]:
-            what = f"rank {e['rank']} steps {_ranges_text(e['steps'])} not seen"
+            one = len(e["steps"]) == 1 and e["steps"][0][0] == e["steps"][0][1]
+            what = f"rank {e['rank']} {'step' if one else 'steps'} {_ranges_text(e['steps'])} not seen"
         else:
             what = f"rank {e['rank']}"
         if e.get("dropped_steps"):

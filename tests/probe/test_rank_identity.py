@@ -93,6 +93,14 @@ def test_dp_index_comes_from_the_first_framework_variable_set():
                         "VLLM_DP_RANK='-1' is not an integer >= 0"]
 
 
+def test_dp_size_comes_from_rankscope_or_vllm_and_bad_values_are_skipped():
+    from rankscope.probe.rank_env import dp_size_from_env
+    assert dp_size_from_env({}) is None
+    assert dp_size_from_env({"VLLM_DP_SIZE": "4"}) == 4
+    assert dp_size_from_env({"RANKSCOPE_DP_SIZE": "2", "VLLM_DP_SIZE": "4"}) == 2
+    assert dp_size_from_env({"RANKSCOPE_DP_SIZE": "x", "VLLM_DP_SIZE": "0"}) is None
+
+
 def test_configured_dp_index_wins_and_the_source_is_said(monkeypatch, capsys):
     from rankscope.probe.rank_env import resolve_dp_index
     monkeypatch.setenv("VLLM_DP_RANK", "5")

@@ -77,6 +77,36 @@ def test_world_size_makes_unregistered_ranks_awaited_then_a_deadline_finding() -
     assert core.status()["jobs"][sim.job]["ranks"]["3"]["state"] == "stalled"
 
 
+def test_lone_dp_workers_await_the_servers_dp_size_before_their_first_batch() -> None:
+    # Serving workers are each rank 0 of a world of 1 and start seconds apart: without the
+    # DP size the first worker's batch 0 would be judged alone, and a drifted worker that
+    # registers later would be compared from batch 1 on, never at its first batch.
+    clock = FakeClock()
+    core = CoordinatorCore({"groups": "replicas"}, clock=clock)
+    sim = SyntheticTraining(ranks=3, tensors=8, seed=4)
+    batches = sim.batches(0)
+    core.on_register(sim.job, 0, {"world_size": 1, "dp_index": 0, "dp_size": 3})
+    core.on_step(batches[0])
+    clock.advance(1.0)
+    assert core.tick() == [] and core.status()["counters"]["steps_judged"] == 0
+    for r in (1, 2):
+        core.on_register(sim.job, r, {"world_size": 1, "dp_index": r, "dp_size": 3})
+        core.on_step(batches[r])
+    core.tick()
+    assert core.status()["counters"]["steps_judged"] == 1
+    assert core.aligner.counters["late_records"] == 0
+
+
+def test_expected_world_is_the_world_size_unless_a_lone_worker_names_its_dp_size() -> None:
+    from rankscope.coordinator.logic.aligner import expected_world
+    assert expected_world({"world_size": 8}) == 8
+    assert expected_world({"world_size": 1, "dp_size": 4}) == 4
+    assert expected_world({"dp_size": 4}) == 4
+    assert expected_world({"world_size": 2, "dp_size": 4}) == 2  # TP inside each DP worker: its own world
+    assert expected_world({"world_size": 1, "dp_size": 1}) == 1
+    assert expected_world({}) is None
+
+
 def test_late_records_and_unknown_names_are_counted_not_mixed_in() -> None:
     al = StepAligner(parse_cluster({}))
     t = NameTable()

@@ -52,6 +52,9 @@ def test_a_lost_rank_is_only_expected_up_to_its_end():
         cov.judged("j", step, [0, 1] if step > 5 else [0, 1, 2])
     assert cov.report("j", {0: None, 1: None, 2: 5})["complete"]
     assert "rank 2 steps 6-7 not seen" in describe(cov.report("j", {0: None, 1: None, 2: 7}))
+    gap = {"job": "j", "steps": [0, 3], "ranks": 2, "watched_ranks": 2, "complete": False,
+           "not_seen": [{"rank": 1, "steps": [[0, 0]]}]}
+    assert describe(gap) == "watched steps 0-3 on 2/2 ranks; rank 1 step 0 not seen"
 
 
 def test_nothing_seen_is_not_called_watched():

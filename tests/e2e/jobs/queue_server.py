@@ -179,8 +179,10 @@ def main() -> int:
     results = ctx.Queue()
     queues, procs = [], []
     for i in range(a.workers):
-        # every worker believes it is rank 0 of a world of 1; its DP index is vLLM's variable
-        os.environ.update(RANK_ID="0", LOCAL_RANK="0", WORLD_SIZE="1", VLLM_DP_RANK=str(i))
+        # every worker believes it is rank 0 of a world of 1; its DP index and the DP size
+        # are vLLM's variables
+        os.environ.update(RANK_ID="0", LOCAL_RANK="0", WORLD_SIZE="1", VLLM_DP_RANK=str(i),
+                          VLLM_DP_SIZE=str(a.workers))
         q = ctx.Queue()
         proc = ctx.Process(target=worker_main, args=(i, q, results), name=f"dp-worker-{i}")
         proc.start()
