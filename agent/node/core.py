@@ -25,7 +25,7 @@ from rankscope.node.liveness import LivenessMonitor, Lost, ProcStat, read_stat
 from rankscope.node.name_ledger import NameLedger
 from rankscope.node.outbox import Key, Outbox
 from rankscope.node.registry import ProcessState, RankEntry, RankRegistry
-from rankscope.node.relay import ControlRelay
+from rankscope.node.relay import QUESTIONS, ControlRelay
 from rankscope.node.settings import AgentSettings
 from rankscope.node.stacks import StackRequests
 from rankscope.wire import job_config, protocol
@@ -128,8 +128,9 @@ class NodeCore:
             self.out.up_volatile.append(frame)
         elif msg.type == protocol.REGISTER:
             self._on_register(ident, msg, key)
-        elif msg.type == protocol.STATUS and msg.body["what"] == job_config.WHAT:
-            self.out.to_ranks.append((ident, self._msg(protocol.STATUS, msg.job, job_config.body(self.job_config))))
+        elif msg.type == protocol.STATUS and msg.body["what"] in QUESTIONS:
+            answer = self.relay.answer(msg, self.job_config)
+            self.out.to_ranks.append((ident, self._msg(protocol.STATUS, msg.job, answer)))
         elif msg.type == protocol.STATUS:
             self._on_rank_status(entry, frame, msg, key)
         elif msg.type == protocol.BUNDLE_CHUNK:

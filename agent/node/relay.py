@@ -11,6 +11,7 @@ instead).
 from __future__ import annotations
 
 from rankscope.node.registry import ProcessState, RankEntry, RankRegistry
+from rankscope.wire import job_config, job_state
 from rankscope.wire.protocol import Message
 
 _STICKY = ("pause", "terminate")
@@ -19,6 +20,7 @@ _STICKY = ("pause", "terminate")
 class ControlRelay:
     def __init__(self) -> None:
         self._sticky: dict[str, bytes] = {}  # job -> frame of the last pause/terminate
+        self._terminated: set[str] = set()  # jobs ("*": every job) the coordinator terminated
 
     def targets(self, registry: RankRegistry, msg: Message) -> list[RankEntry]:
         """Live local ranks addressed by ``msg`` (its job, or every job when empty;
@@ -47,6 +49,8 @@ class ControlRelay:
         command = msg.body["command"]
         jobs = [msg.job] if msg.job else ["*"]
         for job in jobs:
+            if command == "terminate":
+                self._terminated.add(job)
             if command in _STICKY or (command == "step" and (msg.body.get("args") or {}).get("at") is not None):
                 self._sticky[job] = frame
             elif command == "step" and job in self._sticky:
@@ -59,3 +63,13 @@ class ControlRelay:
 
     def for_newcomer(self, job: str) -> bytes | None:
         return self._sticky.get(job) or self._sticky.get("*")
+
+    def answer(self, msg: Message, config: dict | None) -> dict:
+        """The STATUS body answering a question of launch --agent (:data:`QUESTIONS`)."""
+        if msg.body["what"] == job_state.WHAT:
+            return job_state.body(msg.job in self._terminated or "*" in self._terminated)
+        return job_config.body(config)
+
+
+#: What launch --agent asks this host's agent (a STATUS with no detail).
+QUESTIONS = (job_config.WHAT, job_state.WHAT)

@@ -30,6 +30,7 @@ from rankscope.coordinator.launch.watched import (
     exit_status,
     still_live,
 )
+from rankscope.wire.job_state import TerminatedWatch
 from rankscope.wire.watch_line import stream_id
 
 #: Exit status when rankscope terminated the job because of an incident.
@@ -149,32 +150,49 @@ class Launch:
             self.say(f"command output -> {self.args.log}")
         progress = self.progress = ProgressPrinter(self.say)
         paused = PausedNotice(self.say, self.job, reach_args(self.address, self.job))
+        # --agent: no coordinator here; the node agent heard any terminate and is asked.
+        agent_watch = TerminatedWatch(agent_endpoint, self.job) if self.coordinator is None else None
+        try:
+            rc = self._supervise(agent_watch, progress, paused)
+        finally:
+            if agent_watch is not None:
+                agent_watch.close()
+        self.attach_watch.poll()
+        return rc
+
+    def _supervise(self, agent_watch: TerminatedWatch | None, progress: ProgressPrinter,
+                   paused: PausedNotice) -> int:
+        """Until the command ends: progress lines, and once the job was terminated, the
+        command's tree killed after the grace (ranks blocked inside a collective whose
+        peer died never reach the step boundary where they would obey)."""
         killed_at: float | None = None
         while self.cmd_proc.poll() is None:
             self.attach_watch.poll()
-            if self.coordinator is None:  # --agent: the cluster's coordinator reports
-                time.sleep(0.5)
-                continue
-            self._supervise_agent()
-            try:
-                status = self.coordinator.status(timeout=10)
-            except Exception as exc:  # a slow status must not stop the launch
-                self.say(f"status unavailable: {exc!r}")
-                status = None
-            if status:
-                self.last_status = status
-                progress.update(status)
-                paused.update(status, time.monotonic())
-                if status.get("terminated") and killed_at is None:
-                    killed_at = time.monotonic()
+            if agent_watch is not None:
+                terminated = agent_watch.poll(time.monotonic())
+                if terminated and killed_at is None:
+                    self.say(f"the coordinator terminated job {self.job}; the command gets {self.args.grace:.0f} s "
+                             "to end")
+            else:
+                self._supervise_agent()
+                try:
+                    status = self.coordinator.status(timeout=10)
+                except Exception as exc:  # a slow status must not stop the launch
+                    self.say(f"status unavailable: {exc!r}")
+                    status = None
+                if status:
+                    self.last_status = status
+                    progress.update(status)
+                    paused.update(status, time.monotonic())
+                terminated = bool(status and status.get("terminated"))
+            if terminated and killed_at is None:
+                killed_at = time.monotonic()
             if killed_at is not None and time.monotonic() - killed_at > self.args.grace:
                 self.say(f"job still running {self.args.grace:.0f} s after terminate: killing it")
                 self.signal_tree(signal.SIGKILL)
                 break
-            time.sleep(1.0)
-        rc = self.cmd_proc.wait()
-        self.attach_watch.poll()
-        return rc
+            time.sleep(0.5 if agent_watch is not None else 1.0)
+        return self.cmd_proc.wait()
 
     def write_job_config(self) -> Path:
         """The job's config where every rank's RANKSCOPE_CONFIG points. Without the
