@@ -32,12 +32,18 @@ def body(config: dict | None) -> dict:
     return {"what": WHAT, "detail": {} if config is None else {"config": config}}
 
 
-def config_of(msg_body: Any) -> dict | None:
-    """The config a STATUS body carries, or None."""
-    if not isinstance(msg_body, dict) or msg_body.get("what") != WHAT:
+def detail_value(msg_body: Any, what: str, key: str) -> Any:
+    """``detail[key]`` of a STATUS body about ``what``, or None (the shape of launch's
+    questions to its node agent and their answers)."""
+    if not isinstance(msg_body, dict) or msg_body.get("what") != what:
         return None
     detail = msg_body.get("detail")
-    config = detail.get("config") if isinstance(detail, dict) else None
+    return detail.get(key) if isinstance(detail, dict) else None
+
+
+def config_of(msg_body: Any) -> dict | None:
+    """The config a STATUS body carries, or None."""
+    config = detail_value(msg_body, WHAT, "config")
     return config if isinstance(config, dict) else None
 
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from rankscope.wire.job_config import detail_value
+
 #: STATUS ``what`` of launch's question and the agent's answer.
 WHAT = "job_state"
 
@@ -22,10 +24,7 @@ def body(terminated: bool | None) -> dict:
 
 def terminated_of(msg_body: Any) -> bool | None:
     """The answer a STATUS body carries, or None when it carries none."""
-    if not isinstance(msg_body, dict) or msg_body.get("what") != WHAT:
-        return None
-    detail = msg_body.get("detail")
-    value = detail.get("terminated") if isinstance(detail, dict) else None
+    value = detail_value(msg_body, WHAT, "terminated")
     return value if isinstance(value, bool) else None
 
 
