@@ -33,17 +33,25 @@ class ShardFindings:
     judged: dict[str, int] = field(default_factory=dict)
     #: job -> {rank: newest step reported since the last findings} (shard 0 only).
     progress: dict[str, dict[int, int]] = field(default_factory=dict)
+    #: Steps judged since the last findings: (job, step, ranks whose records were in it),
+    #: the verdict side's coverage (:class:`~.coverage.ShardedCoverage`).
+    covered: list[tuple[str, int, list[int]]] = field(default_factory=list)
+    #: Their report curve rows: (group, ranks, row of :meth:`~.series.SeriesRecorder.append`),
+    #: merged over the shards by :mod:`.summaries`.
+    rows: list[tuple[str, list[int], tuple]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {"shard": self.shard, "steps": [(s, v.to_dict()) for s, v in self.steps],
                 "other": [v.to_dict() for v in self.other], "judged": dict(self.judged),
-                "progress": {j: list(p.items()) for j, p in self.progress.items()}}
+                "progress": {j: list(p.items()) for j, p in self.progress.items()},
+                "covered": list(self.covered), "rows": list(self.rows)}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "ShardFindings":
         return cls(int(d["shard"]), [(int(s), Verdict.from_dict(v)) for s, v in d["steps"]],
                    [Verdict.from_dict(v) for v in d["other"]], {str(k): int(v) for k, v in d["judged"].items()},
-                   {str(j): {int(r): int(s) for r, s in p} for j, p in (d.get("progress") or {}).items()})
+                   {str(j): {int(r): int(s) for r, s in p} for j, p in (d.get("progress") or {}).items()},
+                   list(d.get("covered") or []), list(d.get("rows") or []))
 
 
 class ShardCore(CoordinatorCore):
@@ -53,6 +61,8 @@ class ShardCore(CoordinatorCore):
         super().__init__(settings, clock, export_dir=None, wall_clock=wall_clock)
         self.shard = shard
         self._progress: dict[str, dict[int, int]] = {}
+        self._covered: list[tuple[str, int, list[int]]] = []
+        self._rows: list[tuple[str, list[int], tuple]] = []
 
     def on_steps(self, batches: list[StepBatch]) -> None:
         super().on_steps(batches)
@@ -78,7 +88,16 @@ class ShardCore(CoordinatorCore):
                     out.other.append(v)
         out.judged = {g.label: g.judged_through for g in self.aligner.groups.values()}
         out.progress, self._progress = self._progress, {}
+        out.covered, self._covered = self._covered, []
+        out.rows, self._rows = self._rows, []
         return out
+
+    def _judge_step(self, grp: Any, view: Any, report_missing: bool) -> list[Verdict]:
+        found = super()._judge_step(grp, view, report_missing)
+        # What one core keeps for coverage and the report's curves, sent on for the merge.
+        self._covered.append((view.job, view.step, view.ranks[view.reported].tolist()))
+        self._rows.append((view.group, *self.series.last(view.group)))
+        return found
 
     def tick(self, now: float | None = None) -> list[Verdict]:  # type: ignore[override]
         raise TypeError("an ingest shard is judged with judge(), its findings go to the verdict merge")

@@ -80,7 +80,7 @@ class ShardService(Handlers):
 
     def on_tick(self, now: float) -> None:
         f = self.core.judge(now)
-        if f.steps or f.other or f.judged != self._judged:
+        if f.steps or f.other or f.covered or f.judged != self._judged:
             self._judged = dict(f.judged)
             self._push(f.to_dict())
 
@@ -108,6 +108,9 @@ class ShardService(Handlers):
 
     def status(self) -> dict:
         return self.frontend.call_sync(self._status)
+
+    def proof(self, verdict: dict) -> dict:
+        return self.frontend.call_sync(self.core.series.recent.proof, verdict)
 
     def _status(self) -> dict:
         span = (self.last_wall or 0.0) - (self.first_wall or 0.0)
@@ -157,6 +160,9 @@ class _ShardActor:
 
     def status(self) -> dict:
         return self._svc.status()
+
+    def proof(self, verdict: dict) -> dict:
+        return self._svc.proof(verdict)
 
     def shutdown(self) -> bool:
         self._svc.stop()
@@ -232,6 +238,10 @@ class ShardLink:
     def drain(self, timeout_s: float = 30.0) -> list[dict]:
         self.flush(wait_s=timeout_s)
         return ray.get([h.drain.remote() for h in self.handles], timeout=timeout_s)
+
+    def proof(self, verdict: dict, timeout_s: float = 10.0) -> list[dict]:
+        """Each shard's proof of ``verdict`` (:meth:`RecentSteps.proof`), in shard order."""
+        return ray.get([h.proof.remote(verdict) for h in self.handles], timeout=timeout_s)
 
     def status(self, timeout_s: float = 10.0) -> list[dict]:
         try:
