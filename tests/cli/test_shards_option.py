@@ -54,3 +54,10 @@ def test_launch_with_agent_refuses_shards(tmp_path):
     out = subprocess.run([sys.executable, "-m", "rankscope", "launch", "--agent", "ipc:///run/x.sock", "--job", "j",
                           "--shards", "2", "--", "true"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "rankscope coordinator --shards K" in out.stderr, out.stderr
+
+
+def test_status_counts_the_records_the_shards_took():
+    from rankscope.coordinator.cli.control import format_status
+    st = {"endpoint": "tcp://x:1", "metrics": {"records_ingested": 0}, "ranks": {}}
+    assert "records 0 " in format_status(st)
+    assert "records 4096 " in format_status({**st, "shards": [{}, {}], "records": 4096})
