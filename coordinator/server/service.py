@@ -75,6 +75,8 @@ class CoordinatorService(Handlers):
             self.core.coverage = ShardedCoverage(len(link.handles))
             self.summaries = ShardSummaries(len(link.handles), self.core.coverage, self.core.series)
             self.actions.proof = self._shard_proof
+            from rankscope.coordinator.logic.shard import resync_events
+            link.snapshot = lambda: resync_events(self.core)  # called on the loop thread (flush)
             self.ingest = _FanOut(self.core, link)
             self._replies: list[tuple] = []
             self._told_terminated: set[str] = set()
@@ -207,6 +209,11 @@ class CoordinatorService(Handlers):
     def shard_findings(self, findings: dict) -> None:
         """A shard's findings of one tick (any thread; merged on the loop thread)."""
         self.frontend.call(self._add_findings, findings)
+
+    def shard_restarted(self, index: int) -> None:
+        """Ray started shard ``index`` again (any thread): tell it the job with the next flush."""
+        log.warning("ingest shard %d was restarted; its unjudged steps are lost (not seen)", index)
+        self.frontend.call(self.link.restarted, index)
 
     def _add_findings(self, findings: dict) -> None:
         from rankscope.coordinator.logic.shard import ShardFindings

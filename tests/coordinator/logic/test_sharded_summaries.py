@@ -97,3 +97,19 @@ def test_proofs_join_the_owner_window_and_every_shard_chain_in_order() -> None:
     assert out["tensor_window"] == {"tensor": "b"}
     assert [r["tensor"] for r in out["nonfinite_chain"]["records"]] == ["t3.2", "t3.5", "t3.None", "t4.1"]
     assert merge_proofs([{}, {}]) == {}
+
+
+def test_a_restarted_shard_is_told_the_job_as_the_verdict_side_knows_it() -> None:
+    from rankscope.coordinator.logic.shard import ShardCore, resync_events
+    core = CoordinatorCore({}, clock=FakeClock())
+    for r in range(4):
+        core.on_register("j", r, {"world_size": 4, "pid": 100 + r, "host": "h"})
+    core.on_rank_lost("j", 1, 3, 9, "killed", signal=9)
+    core.on_rank_finished("j", 2, 5)
+    core.terminated_jobs.add("old")
+    shard = ShardCore({}, FakeClock(), shard=1)
+    for name, args, kw in resync_events(core):
+        getattr(shard, name)(*args, **kw)
+    def states(c):
+        return {k: (r.state, r.info.get("pid"), r.last_step) for k, r in c.aligner.ranks.items()}
+    assert states(shard) == states(core) and shard.terminated_jobs == {"old"}
