@@ -53,6 +53,14 @@ class ShardMap:
             raise ValueError(f"shard map: expected {{'count': N}}, got {d!r}")
         return cls(check_shard_count(d["count"], "shard map count"))
 
+    def owner(self, kind: str | None) -> int | None:
+        """The shard that holds records of ``kind`` (its lower-case name, as a verdict
+        names it); None when no kind is named or the name is unknown."""
+        try:
+            return int(self.of_kind[int(Kind[str(kind).upper()])]) if kind else None
+        except KeyError:
+            return None
+
     def kinds_of(self, shard: int) -> list[Kind]:
         return [k for k in DEAL_ORDER if self.of_kind[int(k)] == shard]
 

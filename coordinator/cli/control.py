@@ -44,8 +44,10 @@ def build_parser(verb: str) -> argparse.ArgumentParser:
 
 def format_status(st: dict) -> str:
     ranks = st.get("ranks") or {}
+    # With ingest shards the records go to them (most never pass the verdict actor).
+    records = st.get("records", 0) if "shards" in st else st.get("metrics", {}).get("records_ingested", 0)
     lines = [f"coordinator {shown(st.get('endpoint'))}  job {st.get('job') or '(any)'}  "
-             f"agents {st.get('peers', 0)}  records {st.get('metrics', {}).get('records_ingested', 0)}  "
+             f"agents {st.get('peers', 0)}  records {records}  "
              f"last judged step {shown(st.get('last_judged_step'))}  lag {st.get('lag_steps', 0):g} step(s)"
              + ("  TERMINATED" if st.get("terminated") else "")]
     if ranks:

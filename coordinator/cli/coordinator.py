@@ -18,6 +18,7 @@ import sys
 import threading
 from pathlib import Path
 
+from rankscope.coordinator.cli.shards_option import add_shards_option, apply_shards
 from rankscope.coordinator.server.actor import DEFAULT_NAME, DEFAULT_NAMESPACE
 
 
@@ -32,6 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--config", type=Path, default=None, help="config.json whose \"cluster\" section applies")
     ap.add_argument("--on-divergence", choices=("pause", "export", "terminate", "continue"), default=None,
                     help="what to do at the first divergence (default: the config's, else pause)")
+    add_shards_option(ap)
     ap.add_argument("--bind", default="tcp://127.0.0.1:0",
                     help="ZeroMQ endpoint for node agents (non-loopback needs --curve-secret and --allow-dir)")
     ap.add_argument("--curve-secret", type=Path, default=None, help="the coordinator's CURVE .key_secret file")
@@ -91,7 +93,7 @@ def connect_ray(address: str | None, namespace: str, detached: bool, verbose: bo
 
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
-    job = job_settings(args.config, args.on_divergence)
+    job = apply_shards(job_settings(args.config, args.on_divergence), args.shards)
     curve = curve_keys(args.curve_secret, args.allow_dir)
     from rankscope.coordinator.server.client import Coordinator, CoordinatorError, ray_address
     try:

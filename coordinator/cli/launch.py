@@ -10,6 +10,7 @@ import signal
 import sys
 from pathlib import Path
 
+from rankscope.coordinator.cli.shards_option import add_shards_option, apply_shards
 from rankscope.coordinator.launch import preflight
 from rankscope.coordinator.launch.preflight import UsageError
 from rankscope.coordinator.launch.runner import ACTIONS, Launch
@@ -36,6 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="multi-node: attach ranks to the node agent already running on this host "
                         "(started by srun, systemd or the DaemonSet) instead of starting a coordinator "
                         "and an agent; the verdict is then the cluster coordinator's (rankscope status)")
+    add_shards_option(p)
     p.add_argument("--allow-unwatched", action="store_true",
                    help="exit with the command's status even if some or all ranks could not be attached "
                         f"(default: such a run exits {UNWATCHED_EXIT} after a successful command)")
@@ -56,11 +58,15 @@ def check_args(args: argparse.Namespace) -> dict:
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     if args.agent and not args.job:
         raise UsageError("--agent needs --job: every node's ranks must report under one job id")
+    if args.agent and args.shards is not None:
+        raise UsageError("--shards goes with the coordinator, not with --agent: this host's ranks report to the "
+                         "cluster coordinator, which was started with its shard count "
+                         "(rankscope coordinator --shards K)")
     # The command runs with the PATH launch gives it (this interpreter's folder first).
     args.cmd = preflight.resolve_command(cmd, child_env_path())
     if args.config is not None:
         args.config = args.config.resolve()
-    job = preflight.check_config(args.config, args.on_divergence)
+    job = apply_shards(preflight.check_config(args.config, args.on_divergence), args.shards)
     preflight.non_negative("--grace", args.grace)
     args.export_dir = preflight.writable_dir("--export-dir", args.export_dir)
     if args.log is not None:

@@ -47,6 +47,20 @@ class StepRanges:
     def bounds(self) -> tuple[int, int] | None:
         return (self._lo[0], self._hi[-1]) if self._lo else None
 
+    def intersection(self, other: "StepRanges") -> "StepRanges":
+        """The steps in both sets."""
+        out, i, j = StepRanges(), 0, 0
+        while i < len(self._lo) and j < len(other._lo):
+            lo, hi = max(self._lo[i], other._lo[j]), min(self._hi[i], other._hi[j])
+            if lo <= hi:
+                out._lo.append(lo)
+                out._hi.append(hi)
+            if self._hi[i] < other._hi[j]:
+                i += 1
+            else:
+                j += 1
+        return out
+
     def missing(self, lo: int, hi: int) -> list[tuple[int, int]]:
         """The ranges of [lo, hi] not in the set."""
         gaps, at = [], lo
@@ -89,28 +103,57 @@ class Coverage:
     def report(self, job: str, ends: dict[int, int | None]) -> dict[str, Any]:
         """What was watched of ``job``. ``ends``: every rank known to the job, with the
         last step it can have run when it ended early (lost), else None (ran to the end)."""
-        mine = {r: rc for (j, r), rc in self._ranks.items() if j == job}
-        bounds = [rc.judged.bounds() for rc in mine.values() if rc.judged.bounds() is not None]
-        ranks = sorted(set(ends) | set(mine))
-        if not bounds:
-            return {"job": job, "steps": None, "ranks": len(ranks), "watched_ranks": 0,
-                    "complete": False, "not_seen": [{"rank": r, "steps": "all"} for r in ranks]}
-        lo, hi = min(b[0] for b in bounds), max(b[1] for b in bounds)
-        not_seen, watched = [], 0
-        for r in ranks:
-            rc = mine.get(r, RankCoverage())
-            end = ends.get(r)
-            top = hi if end is None else min(hi, end)
-            gaps = rc.judged.missing(lo, top) if top >= lo else []
-            if len(rc.judged):
-                watched += 1
-            if gaps or rc.dropped_steps or not len(rc.judged):
-                entry = {"rank": r, "steps": [list(g) for g in gaps] if len(rc.judged) else "all"}
-                if rc.dropped_steps:
-                    entry["dropped_steps"] = rc.dropped_steps
-                not_seen.append(entry)
-        return {"job": job, "steps": [lo, hi], "ranks": len(ranks), "watched_ranks": watched,
-                "complete": not not_seen, "not_seen": not_seen}
+        return _report(job, {r: rc for (j, r), rc in self._ranks.items() if j == job}, ends)
+
+
+class ShardedCoverage(Coverage):
+    """Coverage when K ingest shards judge the records (each a share of the kinds): a
+    step counts as watched for a rank only when every shard judged it with that rank's
+    records, so a step one shard lost (or judged without the rank) is "not seen", never
+    quietly half-judged. What ranks say they dropped is kept here, as in :class:`Coverage`."""
+
+    def __init__(self, count: int) -> None:
+        super().__init__()
+        self.shards = [Coverage() for _ in range(count)]
+
+    def judged_by(self, shard: int, job: str, step: int, ranks: Iterable[int]) -> None:
+        self.shards[shard].judged(job, step, ranks)
+
+    def report(self, job: str, ends: dict[int, int | None]) -> dict[str, Any]:
+        keys = {k for c in [self, *self.shards] for k in c._ranks if k[0] == job}
+        mine = {}
+        for key in keys:
+            judged: StepRanges | None = None
+            for c in self.shards:
+                part = c._ranks.get(key, RankCoverage()).judged
+                judged = part if judged is None else judged.intersection(part)
+            own = self._ranks.get(key, RankCoverage())
+            mine[key[1]] = RankCoverage(judged if judged is not None else StepRanges(), own.dropped_steps)
+        return _report(job, mine, ends)
+
+
+def _report(job: str, mine: dict[int, RankCoverage], ends: dict[int, int | None]) -> dict[str, Any]:
+    bounds = [rc.judged.bounds() for rc in mine.values() if rc.judged.bounds() is not None]
+    ranks = sorted(set(ends) | set(mine))
+    if not bounds:
+        return {"job": job, "steps": None, "ranks": len(ranks), "watched_ranks": 0,
+                "complete": False, "not_seen": [{"rank": r, "steps": "all"} for r in ranks]}
+    lo, hi = min(b[0] for b in bounds), max(b[1] for b in bounds)
+    not_seen, watched = [], 0
+    for r in ranks:
+        rc = mine.get(r, RankCoverage())
+        end = ends.get(r)
+        top = hi if end is None else min(hi, end)
+        gaps = rc.judged.missing(lo, top) if top >= lo else []
+        if len(rc.judged):
+            watched += 1
+        if gaps or rc.dropped_steps or not len(rc.judged):
+            entry = {"rank": r, "steps": [list(g) for g in gaps] if len(rc.judged) else "all"}
+            if rc.dropped_steps:
+                entry["dropped_steps"] = rc.dropped_steps
+            not_seen.append(entry)
+    return {"job": job, "steps": [lo, hi], "ranks": len(ranks), "watched_ranks": watched,
+            "complete": not not_seen, "not_seen": not_seen}
 
 
 def describe(report: dict[str, Any]) -> str:

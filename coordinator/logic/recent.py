@@ -57,6 +57,18 @@ class RecentSteps:
     def views(self, group: str) -> list[StepView]:
         return list(self._groups.get(group, ()))
 
+    def proof(self, verdict: dict[str, Any]) -> dict[str, Any]:
+        """The verdict's tensor on every rank over the steps around it, and (NaN origin)
+        where the non-finite values went: an incident report's proof."""
+        group, step = verdict.get("group"), verdict.get("step")
+        if not group or not isinstance(step, int):
+            return {}
+        focus = [r for r in [verdict.get("rank"), *verdict.get("ties", [])] if isinstance(r, int)]
+        out = {"tensor_window": self.tensor_window(group, verdict.get("tensor"), step, focus)}
+        if verdict.get("detector") == "nan_origin":
+            out["nonfinite_chain"] = self.nonfinite_chain(group, step)
+        return {k: v for k, v in out.items() if v is not None}
+
     def tensor_window(self, group: str, tensor: str | None, step: int, focus: list[int],
                       before: int = 4, after: int = 3) -> dict[str, Any] | None:
         """One tensor on every rank (focus ranks first, at most MAX_EVIDENCE_RANKS) over

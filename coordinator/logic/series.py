@@ -65,10 +65,19 @@ class SeriesRecorder:
             bad = (view.nan[:, cols] + view.inf[:, cols] > 0).any(axis=1)
             dev[bad] = np.inf
         dev[~view.reported[:n_ranks]] = np.nan  # no record is no data, not "typical"
-        q = self._groups.setdefault(view.group, collections.deque(maxlen=self.max_steps))
-        self._ranks[view.group] = [int(r) for r in view.ranks]
-        q.append((view.step, (loss, loss_in), (gnorm, g_in), dev))
+        self.append(view.group, [int(r) for r in view.ranks], (view.step, (loss, loss_in), (gnorm, g_in), dev))
         self.recent.add(view)
+
+    def append(self, group: str, ranks: list[int], row: tuple) -> None:
+        """One judged step's row: (step, (loss, present), (grad norm, present), deviation),
+        each array over ``ranks`` (also how merged ingest shards' rows come in)."""
+        q = self._groups.setdefault(group, collections.deque(maxlen=self.max_steps))
+        self._ranks[group] = ranks
+        q.append(row)
+
+    def last(self, group: str) -> tuple[list[int], tuple]:
+        """The newest row of ``group`` and the ranks it is over."""
+        return self._ranks[group], self._groups[group][-1]
 
     def to_dict(self, group: str | None = None) -> dict[str, Any]:
         out = {}

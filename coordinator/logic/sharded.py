@@ -8,8 +8,10 @@ from typing import Any, Callable
 
 from rankscope.config.cluster import ClusterSettings, parse_cluster
 from rankscope.coordinator.logic.core import CoordinatorCore
+from rankscope.coordinator.logic.coverage import ShardedCoverage
 from rankscope.coordinator.logic.merge import VerdictMerge
-from rankscope.coordinator.logic.shard import ShardCore
+from rankscope.coordinator.logic.shard import ShardCore, ShardFindings
+from rankscope.coordinator.logic.summaries import ShardSummaries, merge_proofs
 from rankscope.coordinator.logic.verdict import Verdict
 from rankscope.wire.records import StepBatch
 from rankscope.wire.shards import ShardMap
@@ -24,6 +26,8 @@ class ShardedCore:
         self.shards = [ShardCore(settings, clock, shard=i) for i in range(count)]
         self.merge = VerdictMerge(count)
         self.core = CoordinatorCore(settings, clock, export_dir=export_dir)
+        self.core.coverage = ShardedCoverage(count)
+        self.summaries = ShardSummaries(count, self.core.coverage, self.core.series)
 
     def _all(self) -> list[CoordinatorCore]:
         return [self.core, *self.shards]
@@ -50,13 +54,23 @@ class ShardedCore:
 
     def tick(self, now: float | None = None) -> list[Verdict]:
         for s in self.shards:
-            self.merge.add(s.judge(now))
+            self._add(s.judge(now))
         return self._file(self.merge.release(), now)
 
     def drain(self) -> list[Verdict]:
         for s in self.shards:
-            self.merge.add(s.judge(force=True))
+            self._add(s.judge(force=True))
         return self._file(self.merge.release(force=True), None)
+
+    def _add(self, f: ShardFindings) -> None:
+        self.merge.add(f)
+        self.summaries.add(f)
+
+    def coverage_report(self, job: str) -> dict[str, Any]:
+        return self.core.coverage_report(job)
+
+    def proof(self, verdict: dict[str, Any]) -> dict[str, Any]:
+        return merge_proofs([s.series.recent.proof(verdict) for s in self.shards], self.map.owner(verdict.get("kind")))
 
     def _file(self, verdicts: list[Verdict], now: float | None) -> list[Verdict]:
         for job, steps in self.merge.take_progress().items():

@@ -42,6 +42,8 @@ class ActionPerformer:
         self.reported: set[tuple[str, int]] = set()
         self.received: dict[str, int] = {}  # incident -> bundle bytes arrived (export progress)
         self.terminated = False
+        #: verdict dict -> its proof, when ingest shards hold the records (else the core does).
+        self.proof: Callable[[dict], dict] | None = None
         self._io = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="rankscope-report")
         self._jobs: list[concurrent.futures.Future] = []
         # After a restart: incidents the core restored mid-export keep receiving their
@@ -94,17 +96,11 @@ class ActionPerformer:
             self._submit(_write_report, path.parent, history, rank_map)
 
     def _around(self, verdict: dict) -> dict:
-        """The verdict's tensor on every rank over the steps around it, and (NaN origin)
-        where the non-finite values went: the report's proof, taken while the coordinator
-        still holds those steps."""
-        group, step, recent = verdict.get("group"), verdict.get("step"), self.core.series.recent
-        if not group or not isinstance(step, int):
-            return {}
-        focus = [r for r in [verdict.get("rank"), *verdict.get("ties", [])] if isinstance(r, int)]
-        out = {"tensor_window": recent.tensor_window(group, verdict.get("tensor"), step, focus)}
-        if verdict.get("detector") == "nan_origin":
-            out["nonfinite_chain"] = recent.nonfinite_chain(group, step)
-        return {k: v for k, v in out.items() if v is not None}
+        """The report's proof, taken while the coordinator (or its ingest shards: ``proof``)
+        still holds the steps around the verdict."""
+        if self.proof is not None:
+            return self.proof(verdict)
+        return self.core.series.recent.proof(verdict)
 
     # --- bundles -------------------------------------------------------------------
     def accept_chunk(self, body: dict) -> bool:

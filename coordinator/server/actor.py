@@ -45,6 +45,9 @@ class _CoordinatorActor:
     def shard_findings(self, findings: dict) -> None:
         self._svc.shard_findings(findings)
 
+    def shard_restarted(self, index: int) -> None:
+        self._svc.shard_restarted(index)
+
     def endpoint(self) -> str:
         return self._endpoint
 

@@ -67,8 +67,16 @@ class CoordinatorService(Handlers):
         self.link = link
         self.ingest: Any = self.core
         if link is not None:
+            from rankscope.coordinator.logic.coverage import ShardedCoverage
             from rankscope.coordinator.logic.merge import VerdictMerge
+            from rankscope.coordinator.logic.summaries import ShardSummaries
             self.merge = VerdictMerge(len(link.handles))
+            # Coverage and the report's curves come from the shards, which see the records.
+            self.core.coverage = ShardedCoverage(len(link.handles))
+            self.summaries = ShardSummaries(len(link.handles), self.core.coverage, self.core.series)
+            self.actions.proof = self._shard_proof
+            from rankscope.coordinator.logic.shard import resync_events
+            link.snapshot = lambda: resync_events(self.core)  # called on the loop thread (flush)
             self.ingest = _FanOut(self.core, link)
             self._replies: list[tuple] = []
             self._told_terminated: set[str] = set()
@@ -176,7 +184,8 @@ class CoordinatorService(Handlers):
         if verdicts:
             ids = {d["incident_id"] for d in self.core.incidents()}
             opened, self._known_incidents = len(ids - self._known_incidents), ids
-        self.metrics.add(steps=counters.get("steps_judged", 0) - self.metrics.steps_judged, incidents=opened,
+        judged = counters.get("steps_judged", 0) if self.link is None else self.summaries.steps_judged
+        self.metrics.add(steps=judged - self.metrics.steps_judged, incidents=opened,
                          rejected=rejected - self.metrics.frames_rejected)
 
     # --- ingest shards (loop thread) -------------------------------------------------------
@@ -199,14 +208,34 @@ class CoordinatorService(Handlers):
 
     def shard_findings(self, findings: dict) -> None:
         """A shard's findings of one tick (any thread; merged on the loop thread)."""
+        self.frontend.call(self._add_findings, findings)
+
+    def shard_restarted(self, index: int) -> None:
+        """Ray started shard ``index`` again (any thread): tell it the job with the next flush."""
+        log.warning("ingest shard %d was restarted; its unjudged steps are lost (not seen)", index)
+        self.frontend.call(self.link.restarted, index)
+
+    def _add_findings(self, findings: dict) -> None:
         from rankscope.coordinator.logic.shard import ShardFindings
-        self.frontend.call(self.merge.add, ShardFindings.from_dict(findings))
+        f = ShardFindings.from_dict(findings)
+        self.merge.add(f)
+        self.summaries.add(f)
 
     def _drain_shards(self) -> list:
-        from rankscope.coordinator.logic.shard import ShardFindings
         for d in self.link.drain():
-            self.merge.add(ShardFindings.from_dict(d))
+            self._add_findings(d)
         return self.core.accept(self.merge.release(force=True)) + self.core.drain()
+
+    def _shard_proof(self, verdict: dict) -> dict:
+        """An incident's proof from the shards that hold the steps around it (loop thread,
+        when the incident is written)."""
+        from rankscope.coordinator.logic.summaries import merge_proofs
+        try:
+            proofs = self.link.proof(verdict)
+        except Exception as exc:  # noqa: BLE001 - a report without its proof beats no report
+            log.warning("ingest shards gave no proof for the incident (%s)", str(exc).splitlines()[0])
+            return {}
+        return merge_proofs(proofs, self.link.map.owner(verdict.get("kind")))
 
     def rank_states(self, job: str) -> dict[int, tuple[str, int]]:
         ranks = ((self.core.status().get("jobs") or {}).get(job) or {}).get("ranks") or {}

@@ -10,20 +10,37 @@ what is complete and pushes its findings to the verdict actor, which merges them
 Shards are dealt over the Ray cluster's nodes (:func:`placement`): on a cluster of several
 nodes they land on different nodes (as far as there are nodes), so their cores and memory
 add up.
+
+A shard whose process dies is started again by Ray (``max_restarts``) on the same node and
+port, so node agents' sockets reconnect by themselves. It then holds the records that come
+in until the verdict actor has told it the job again (registrations, ends: :func:`resync_events`)
+and it has re-learnt the ranks' tensor names from the file it keeps them in (ranks send
+each name once). What it had not judged when it died is lost: those steps are "not seen"
+in the coverage (every shard must judge a step for it to count), never "judged".
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
+import shutil
+import tempfile
 import time
-from typing import Any
+from pathlib import Path
+from typing import Any, Callable
 
 import ray
 
 from rankscope.coordinator.server.frontend import Frontend, Handlers, Peer
+from rankscope.wire.layout import rank_from_wire
 from rankscope.wire.protocol import Message
 
 log = logging.getLogger(__name__)
+
+#: Times Ray starts a dead shard again before the job goes on without it.
+SHARD_RESTARTS = 3
+#: STEP batches a restarted shard holds while it waits to be told the job again.
+MAX_HELD_BATCHES = 100_000
 
 
 def _rss_bytes() -> int:
@@ -46,7 +63,10 @@ class ShardService(Handlers):
     """One shard: its front end, its core, and the push of findings to the verdict actor."""
 
     def __init__(self, index: int, cluster: dict, bind: str, job: str | None, verdict: Any,
-                 curve: Any = None, tick_s: float = 0.05) -> None:
+                 curve: Any = None, tick_s: float = 0.05, *, names: Path | None = None,
+                 restarted: bool = False) -> None:
+        """``names``: the file the ranks' tensor names are kept in for a restart;
+        ``restarted``: this is that restart (records wait for the verdict actor's resync)."""
         from rankscope.config.cluster import parse_cluster
         from rankscope.coordinator.logic.shard import ShardCore
         self.index = index
@@ -56,6 +76,10 @@ class ShardService(Handlers):
         self._judged: dict[str, int] = {}
         self._next_feed = 0
         self._early: dict[int, list] = {}  # feeds that overtook an earlier one (threaded actor)
+        self._names_path = names
+        self._names_out = open(names, "a", encoding="utf-8") if names is not None else None
+        self._held: list | None = [] if restarted else None
+        self.restarts = 1 if restarted else 0
         self.records = 0
         self.first_wall: float | None = None
         self.last_wall: float | None = None
@@ -65,9 +89,20 @@ class ShardService(Handlers):
 
     def stop(self) -> None:
         self.frontend.stop()
+        if self._names_out is not None:
+            self._names_out.close()
 
     # --- Handlers (loop thread) --------------------------------------------------------
     def on_steps(self, batches: list) -> None:
+        if self._held is not None:  # restarted, not yet told who the ranks are
+            if len(self._held) < MAX_HELD_BATCHES:
+                self._held.append(batches)
+            return
+        if self._names_out is not None and any(b.new_names for b in batches):
+            for b in batches:
+                if b.new_names and rank_from_wire(b.rank) is not None:
+                    self._names_out.write(json.dumps([b.job, b.rank, b.new_names]) + "\n")
+            self._names_out.flush()
         self.core.on_steps(batches)
         n = sum(len(b) for b in batches)
         self.records += n
@@ -80,7 +115,7 @@ class ShardService(Handlers):
 
     def on_tick(self, now: float) -> None:
         f = self.core.judge(now)
-        if f.steps or f.other or f.judged != self._judged:
+        if f.steps or f.other or f.covered or f.judged != self._judged:
             self._judged = dict(f.judged)
             self._push(f.to_dict())
 
@@ -88,11 +123,18 @@ class ShardService(Handlers):
         self._verdict.shard_findings.remote(findings)  # not awaited: the verdict actor merges in order
 
     # --- from the verdict actor (any thread) -------------------------------------------
-    def feed(self, seq: int, events: list) -> None:
-        self.frontend.call_sync(self._feed, seq, events)
+    def feed(self, seq: int, events: list, reset: bool = False) -> None:
+        self.frontend.call_sync(self._feed, seq, events, reset)
 
-    def _feed(self, seq: int, events: list) -> None:
+    def _feed(self, seq: int, events: list, reset: bool = False) -> None:
         # Calls of a threaded actor may run out of order: apply them in the order sent.
+        # ``reset``: the whole job as the verdict actor knows it (after a restart); what
+        # was sent before it is in it.
+        if reset:
+            self._next_feed = seq
+            self._early = {k: v for k, v in self._early.items() if k > seq}
+        elif seq < self._next_feed:
+            return
         self._early[seq] = events
         while self._next_feed in self._early:
             for name, args, kw in self._early.pop(self._next_feed):
@@ -101,6 +143,23 @@ class ShardService(Handlers):
                 else:
                     getattr(self.core, name)(*args, **kw)
             self._next_feed += 1
+        if reset and self._held is not None:
+            self._resume()
+
+    def _resume(self) -> None:
+        self.core.resumed = True
+        if self._names_path is not None and self._names_path.is_file():
+            with open(self._names_path, encoding="utf-8") as f:
+                for line in f:
+                    try:
+                        job, rank, names = json.loads(line)
+                    except ValueError:  # the line the old process was writing when it died
+                        continue
+                    self.core.learn_names(job, rank, names)
+        held, self._held = self._held or [], None
+        for batches in held:
+            self.on_steps(batches)
+        log.warning("ingest shard %d restarted: told the job again, %d held batch(es) taken", self.index, len(held))
 
     def drain(self) -> dict:
         """Judge everything pending now; the findings are returned, not pushed."""
@@ -108,6 +167,12 @@ class ShardService(Handlers):
 
     def status(self) -> dict:
         return self.frontend.call_sync(self._status)
+
+    def proof(self, verdict: dict) -> dict:
+        return self.frontend.call_sync(self.core.series.recent.proof, verdict)
+
+    def state_dir(self) -> Path | None:
+        return self._names_path.parent if self._names_path is not None else None
 
     def _status(self) -> dict:
         span = (self.last_wall or 0.0) - (self.first_wall or 0.0)
@@ -118,6 +183,7 @@ class ShardService(Handlers):
                 "pending_steps": self.core.aligner.pending_steps(), "counters": dict(self.core.aligner.counters),
                 "rss_bytes": _rss_bytes(), "peak_rss_bytes": _peak_rss_bytes(),
                 "judged": {g.label: g.judged_through for g in self.core.aligner.groups.values()},
+                "restarted": bool(self.restarts), "resynced": self._held is None,
                 "waiting_for": self._waiting_for()}
 
     def _waiting_for(self, limit: int = 16) -> dict[str, list[int]]:
@@ -142,14 +208,25 @@ class _ShardActor:
         if bind.startswith("tcp://*:") or bind.startswith("tcp://0.0.0.0:"):
             # Agents must be told an address they can reach: this node's.
             bind = f"tcp://{ray.util.get_node_ip_address()}:0"
-        self._svc = ShardService(index, cluster, bind, job, verdict, keys)
+        ctx = ray.get_runtime_context()
+        # Ray keeps the actor id across restarts: what a restart needs is kept under it.
+        state = Path(tempfile.gettempdir()) / f"rankscope-shard-{ctx.get_actor_id()}"
+        state.mkdir(parents=True, exist_ok=True)
+        restarted = bool(ctx.was_current_actor_reconstructed)
+        if restarted and (state / "endpoint").is_file():
+            bind = (state / "endpoint").read_text().strip()  # the same port: agents reconnect to it
+        self._svc = ShardService(index, cluster, bind, job, verdict, keys, names=state / "names.jsonl",
+                                 restarted=restarted)
         self._endpoint = self._svc.start()
+        (state / "endpoint").write_text(self._endpoint)
+        if restarted:
+            verdict.shard_restarted.remote(index)
 
     def endpoint(self) -> str:
         return self._endpoint
 
-    def feed(self, seq: int, events: list) -> bool:
-        self._svc.feed(seq, events)
+    def feed(self, seq: int, events: list, reset: bool = False) -> bool:
+        self._svc.feed(seq, events, reset)
         return True
 
     def drain(self) -> dict:
@@ -158,8 +235,12 @@ class _ShardActor:
     def status(self) -> dict:
         return self._svc.status()
 
+    def proof(self, verdict: dict) -> dict:
+        return self._svc.proof(verdict)
+
     def shutdown(self) -> bool:
         self._svc.stop()
+        shutil.rmtree(self._svc.state_dir() or "", ignore_errors=True)
         return True
 
 
@@ -169,7 +250,8 @@ def start_shards(count: int, cluster: dict, job: str | None, verdict: Any, bind:
     actor's interface with a port of its own (agents reach the shards where they reach it;
     a wildcard bind is each shard's own node address)."""
     host = bind[len("tcp://"):].rsplit(":", 1)[0] if bind.startswith("tcp://") else "127.0.0.1"
-    return [ray.remote(_ShardActor).options(num_cpus=0, max_concurrency=4, scheduling_strategy=where)
+    return [ray.remote(_ShardActor).options(num_cpus=0, max_concurrency=4, scheduling_strategy=where,
+                                            max_restarts=SHARD_RESTARTS, max_task_retries=0)
             .remote(i, cluster, f"tcp://{host}:0", job, verdict, curve)
             for i, where in enumerate(placement(count))]
 
@@ -199,6 +281,13 @@ class ShardLink:
         self._queue: list[list] = [[] for _ in handles]
         self._inflight: list = []
         self._seq = 0
+        #: Shards restarted since the last flush, and what tells one the job again.
+        self._resync: set[int] = set()
+        self.snapshot: Callable[[], list] = list
+
+    def restarted(self, index: int) -> None:
+        """Shard ``index`` came back (a new process): the next flush tells it the job again."""
+        self._resync.add(index)
 
     def to_wire(self) -> dict:
         return {**self.map.to_wire(), "endpoints": list(self.endpoints)}
@@ -218,26 +307,51 @@ class ShardLink:
         """Hand the queued events on (one call per shard); with ``wait_s``, return once
         every shard has applied them (a registration must be known to the shards before
         the rank is told where to send its steps)."""
-        if any(self._queue):
+        if any(self._queue) or self._resync:
             seq, self._seq = self._seq, self._seq + 1
-            self._inflight += [h.feed.remote(seq, q) for h, q in zip(self.handles, self._queue)]
+            snap = self.snapshot() if self._resync else None
+            self._inflight += [h.feed.remote(seq, snap, True) if i in self._resync else h.feed.remote(seq, q)
+                               for i, (h, q) in enumerate(zip(self.handles, self._queue))]
             self._queue = [[] for _ in self.handles]
+            self._resync = set()
+        if not self._inflight:
+            return
+        done, self._inflight = ray.wait(self._inflight, num_returns=len(self._inflight), timeout=wait_s or 0)
+        for ref in done:
+            try:
+                ray.get(ref)
+            except Exception as exc:  # noqa: BLE001 - one shard's failure must not stop the others
+                # A shard that died is started again and told the job anew (restarted()).
+                log.warning("an ingest shard did not take its events: %s", str(exc).splitlines()[0])
         if wait_s is not None and self._inflight:
-            ray.get(self._inflight, timeout=wait_s)  # raises (refs kept) when a shard is late
-            self._inflight = []
-        elif self._inflight:
-            done, self._inflight = ray.wait(self._inflight, num_returns=len(self._inflight), timeout=0)
-            ray.get(done)  # a shard that failed an event says so here, in the verdict actor's log
+            raise TimeoutError(f"{len(self._inflight)} ingest shard call(s) still pending after {wait_s} s")
+
+    def _each(self, method: str, *args: Any, timeout_s: float, failed: Any) -> list:
+        """``method`` of every shard, in shard order; a shard that is down gives ``failed(error)``."""
+        refs = [getattr(h, method).remote(*args) for h in self.handles]
+        ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+        out = []
+        for i, ref in enumerate(refs):
+            try:
+                out.append(ray.get(ref, timeout=0))
+            except Exception as exc:  # noqa: BLE001 - a shard down: the others still count
+                log.warning("ingest shard %d: %s failed: %s", i, method, str(exc).splitlines()[0])
+                out.append(failed(i, str(exc).splitlines()[0]))
+        return out
 
     def drain(self, timeout_s: float = 30.0) -> list[dict]:
-        self.flush(wait_s=timeout_s)
-        return ray.get([h.drain.remote() for h in self.handles], timeout=timeout_s)
+        try:
+            self.flush(wait_s=timeout_s)
+        except TimeoutError as exc:
+            log.warning("draining ingest shards: %s", exc)
+        return [d for d in self._each("drain", timeout_s=timeout_s, failed=lambda i, e: None) if d is not None]
+
+    def proof(self, verdict: dict, timeout_s: float = 10.0) -> list[dict]:
+        """Each shard's proof of ``verdict`` (:meth:`RecentSteps.proof`), in shard order."""
+        return self._each("proof", verdict, timeout_s=timeout_s, failed=lambda i, e: {})
 
     def status(self, timeout_s: float = 10.0) -> list[dict]:
-        try:
-            return ray.get([h.status.remote() for h in self.handles], timeout=timeout_s)
-        except Exception as exc:  # noqa: BLE001 - a shard gone: say so, do not fail status
-            return [{"error": str(exc).splitlines()[0]}]
+        return self._each("status", timeout_s=timeout_s, failed=lambda i, e: {"shard": i, "error": e})
 
     def stop(self) -> None:
         for h in self.handles:

@@ -3,6 +3,9 @@ map from its registration reply, routes each batch's records to their shards, an
 verdict actor names the rank one coordinator names, then pauses the cluster as usual."""
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 import pytest
 import ray
@@ -83,6 +86,16 @@ def test_an_agent_that_does_not_route_is_split_by_the_verdict_actor(tmp_path):
         st = ray.get(h.status.remote())
         assert st["metrics"]["records_ingested"] == 5 * 5 * 16
         assert sum(s["records"] for s in st["shards"]) == 5 * 5 * 16
+        # What the verdict actor keeps of records it never saw, from the shards' summaries:
+        # the steps judged per rank, the report's curves and the proof around the verdict.
+        ray.get(h.drain.remote(5.0), timeout=60)
+        cov = ray.get(h.status.remote())["coverage"]["jobP"]
+        assert (cov["steps"], cov["watched_ranks"], cov["complete"]) == ([0, 4], 5, True), cov
+        history = json.loads((Path(inc["dir"]) / "history.json").read_text())
+        assert history["steps"] == [0, 1, 2, 3, 4] and history["ranks"] == [0, 1, 2, 3, 4]
+        assert history["loss"][3][3] > 100 * history["loss"][0][3]  # rank 3's loss at step 3
+        assert all(v is not None for row in history["grad_norm"] for v in row)
+        assert history["tensor_window"]["tensor"] == inc["tensor"]
     finally:
         agent.close()
         ray.get(h.shutdown.remote(), timeout=30)
