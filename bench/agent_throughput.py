@@ -98,7 +98,7 @@ def role_rank(args: argparse.Namespace) -> int:
     for batch in batches:
         batch.rank = r
         client.emit(StepOutput(batch, f"rank{r}"))
-        while len(client._q) >= args.queue_max:  # noqa: SLF001 - throughput run: wait, never drop
+        while len(client.state.queue) >= args.queue_max:  # throughput run: wait, never drop
             time.sleep(0.0005)
     client.close(timeout=60)
     print(json.dumps({"rank": r, "dropped": client.dropped, "sent": client.sent}), flush=True)

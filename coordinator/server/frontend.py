@@ -41,8 +41,9 @@ class Peer:
     identity: bytes
     last_seen: float
     ranks: set[tuple[str, int]] = field(default_factory=set)
-    #: src -> highest seq taken from this peer, acknowledged (STATUS "ack") so the node
-    #: agent can trim its spool; ``unacked`` says an ack is due.
+    #: "job|src" -> highest seq taken from this peer, acknowledged (STATUS "ack") so the
+    #: node agent can trim its spool (it keys its frames the same way, as the replay
+    #: filter does: two jobs' ranks may share a src); ``unacked`` says an ack is due.
     high: dict[str, int] = field(default_factory=dict)
     unacked: bool = False
     #: The agent's clock offset to ours: its times are moved onto our clock with it.
@@ -160,7 +161,9 @@ class Frontend:
                 continue
             peer.next_clock_probe = now + (CLOCK_PROBE_S if peer.clock.error is not None else 0.5)
             body = {"what": "clock", "detail": {"t1": time.time()}}
-            frame = protocol.encode(Message(protocol.STATUS, "", "coordinator", self._seq(), body))
+            # Our job, not "": the agent answers with the probe's job, and a front end
+            # serving one job rejects frames of any other.
+            frame = protocol.encode(Message(protocol.STATUS, self.decoder.job or "", "coordinator", self._seq(), body))
             try:
                 self._sock.send_multipart([peer.identity, frame], flags=zmq.NOBLOCK)
             except zmq.ZMQError as exc:
@@ -252,7 +255,10 @@ class Frontend:
             if len(parts) < 2:
                 continue
             msg = decode(parts[-1])
-            if msg is None or not fresh(f"{msg.job}|{msg.src}", msg.seq):
+            if msg is None:
+                continue
+            key = f"{msg.job}|{msg.src}"
+            if not fresh(key, msg.seq):
                 continue
             ident = parts[0]
             peer = self.peers.get(ident)
@@ -260,8 +266,8 @@ class Frontend:
                 peer = self.peers[ident] = Peer(ident, now)
                 self._greet(peer)
             peer.last_seen = now
-            if msg.seq > peer.high.get(msg.src, -1):
-                peer.high[msg.src] = msg.seq
+            if msg.seq > peer.high.get(key, -1):
+                peer.high[key] = msg.seq
             peer.unacked = True
             if msg.type == protocol.STATUS and msg.body["what"] == "clock":
                 d = msg.body.get("detail") or {}
