@@ -41,6 +41,10 @@ class NameLedger:
             self._names.pop(old, None)
             self._owed.discard(old)
 
+    def tables(self) -> dict[str, dict[int, str]]:
+        """Every rank's table ("job|src" -> id -> name), for a ledger that starts later."""
+        return self._names
+
     @property
     def owed(self) -> bool:
         return bool(self._owed)
