@@ -61,7 +61,7 @@ class NodeCore:
         self.bundles = RankBundles(settings.bundle_dir, settings.flight_recorder_steps)
         self.relay = ControlRelay()
         self.names = NameLedger()
-        self.route = ShardRouting(self.names)  # steps straight to the ingest shards, once named
+        self.route = ShardRouting(self.names, settings.route_steps)  # steps straight to the ingest shards
         self.decoder = protocol.Decoder(job=settings.job)
         self._updecoder = protocol.Decoder(job=None)
         self.forwarded, self.out = 0, Outbox()

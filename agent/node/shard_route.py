@@ -39,7 +39,8 @@ log = logging.getLogger(__name__)
 class ShardRouting:
     """Where a rank's STEP goes: whole to the verdict actor, or split over the shards."""
 
-    def __init__(self, names: NameLedger) -> None:
+    def __init__(self, names: NameLedger, enabled: bool = True) -> None:
+        self.enabled = enabled
         self.map: ShardMap | None = None
         self.endpoints: list[str] = []
         #: Per shard, the names sent to it (re-sent after its link comes back).
@@ -55,7 +56,7 @@ class ShardRouting:
 
     def learn(self, detail: Any) -> bool:
         """Take the shard map of an "assigned" answer; False (nothing changed) when it is malformed."""
-        if not isinstance(detail, dict):
+        if not isinstance(detail, dict) or not self.enabled:
             return True  # not ours to judge: the caller refuses a malformed answer
         wire = detail.get("shards")
         if wire is None:
