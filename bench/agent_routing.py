@@ -56,9 +56,17 @@ def role_agent(args: argparse.Namespace) -> int:
                              spool_dir=run / "spool", bundle_dir=run / "bundles", assign_wait_s=5.0,
                              route_steps=args.route == "routed")
     agent = NodeAgent(settings)
+    loop = threading.Thread(target=agent.run)
+    loop.start()
+    # Ready once the coordinator has said something: the ranks' registrations are then held
+    # for its answer, which names the shards, so a routing agent routes from the first step.
+    deadline = time.monotonic() + 60
+    while not agent.core.held.heard and time.monotonic() < deadline:
+        time.sleep(0.02)
     print(agent.endpoint, flush=True)
-    threading.Thread(target=lambda: (sys.stdin.readline(), agent.stop()), daemon=True).start()
-    agent.run()
+    sys.stdin.readline()
+    agent.stop()
+    loop.join()
     return 0
 
 
@@ -109,12 +117,9 @@ def one_run(coord, args: argparse.Namespace, mode: str, n: int, tmp: Path) -> di
     run = tmp / job
     run.mkdir()
     st = coord.status()
-    peers, records0, relayed0 = st["peers"], st["records"], st["metrics"]["records_ingested"]
+    records0, relayed0 = st["records"], st["metrics"]["records_ingested"]
     agent = _spawn("--role", "agent", "--route", mode, "--endpoint", coord.endpoint(), "--job", job, "--dir", str(run))
     endpoint = agent.stdout.readline().strip()
-    # Ranks register once the coordinator heard the agent: held for its answer, which names
-    # the shards, so a routing agent routes from the first step.
-    _wait(lambda: coord.status()["peers"] > peers, 60)
     common = ["--job", job, "--endpoint", endpoint, "--ranks", str(args.ranks), "--steps", str(args.steps),
               "--tensors", str(args.tensors), "--queue-max", str(args.queue_max)]
     ranks = [_spawn("--role", "rank", "--rank", str(r), *common) for r in range(args.ranks)]
