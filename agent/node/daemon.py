@@ -97,6 +97,8 @@ class NodeAgent:
                 if self.uplink is not None:
                     self.uplink.confirm()
                     self.uplink.pump()
+                    if self.core.names.owed and not self.uplink.backlog:
+                        self.core.names.replay_done()
                     self.shards.pump()
             self._drain_on_stop()
         finally:

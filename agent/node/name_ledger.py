@@ -41,9 +41,18 @@ class NameLedger:
             self._names.pop(old, None)
             self._owed.discard(old)
 
-    def tables(self) -> dict[str, dict[int, str]]:
-        """Every rank's table ("job|src" -> id -> name), for a ledger that starts later."""
-        return self._names
+    def replay_done(self) -> None:
+        """Nothing unsent is left: a gone rank sends no more steps, so its debt is void
+        (kept, it would make every later frame be decoded in :meth:`attach`)."""
+        self._owed.difference_update(self._retired)
+
+    def seed(self, other: "NameLedger") -> None:
+        """Start from ``other``'s tables (names sent before this ledger existed), its gone
+        ranks gone here too."""
+        for key, table in other._names.items():
+            self.note(key, table)
+        for key in other._retired:
+            self.retire(key)
 
     @property
     def owed(self) -> bool:

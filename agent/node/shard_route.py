@@ -81,9 +81,8 @@ class ShardRouting:
         if self.map is None or self.map.count != smap.count:
             self.map = smap
             self.names = [NameLedger() for _ in endpoints]
-            for key, table in self._all_names.tables().items():
-                for ledger in self.names:  # names sent before routing, owed to a shard that comes back
-                    ledger.note(key, table)
+            for ledger in self.names:  # names sent before routing, owed to a shard that comes back
+                ledger.seed(self._all_names)
         log.info("routing steps to %d ingest shards: %s", smap.count, ", ".join(endpoints))
         self.endpoints = list(endpoints)
         self.version += 1
@@ -168,9 +167,11 @@ class ShardUplinks:
 
     def pump(self) -> int:
         n = 0
-        for link in self.links:
+        for link, ledger in zip(self.links, self._names):
             link.confirm()
             n += link.pump()
+            if ledger.owed and not link.backlog:
+                ledger.replay_done()
         return n
 
     @property
