@@ -122,7 +122,7 @@ def throughput(args: argparse.Namespace, via_agent: bool, tmp: Path) -> dict:
     if via_agent:
         run = tmp / f"a{time.monotonic_ns()}"
         run.mkdir()
-        agent = _spawn("-m", "rankscope.cli", "agent", "--listen", f"ipc://{run}/agent.sock",
+        agent = _spawn("-m", "rankscope", "agent", "--listen", f"ipc://{run}/agent.sock",
                        "--coordinator", coord_ep, "--spool", str(run / "spool"), "--bundle-dir", str(run / "b"),
                        "--log-level", "WARNING")
         endpoint = agent.stdout.readline().strip().rsplit(" ", 1)[-1]
