@@ -2,6 +2,8 @@
 then one shard uplink against a real coordinator front end, whose acks trim its spool."""
 from __future__ import annotations
 
+import time
+
 import zmq
 from test_node_core import make, register
 
@@ -130,3 +132,78 @@ def test_a_shard_acknowledges_and_the_agent_trims_that_shards_spool(tmp_path):
         links.close()
         shard.stop()
         ctx.term()
+
+
+def test_a_restarted_shard_gets_what_it_missed_from_its_own_spool_and_its_names_again(tmp_path):
+    """A real agent process: a stand-in verdict actor answers registrations with two shard
+    endpoints; one shard "crashes" mid-run and comes back on its port, forgetting everything."""
+    import threading
+
+    from node_harness import FakeCoordinator, free_port, start_agent, start_rank, stop, wait_event
+
+    verdict = FakeCoordinator(f"tcp://127.0.0.1:{free_port()}")
+    shards = [FakeCoordinator(f"tcp://127.0.0.1:{free_port()}") for _ in range(2)]
+    done = threading.Event()
+    answered: set[int] = set()
+
+    def serve() -> None:  # the verdict actor's part: answer each REGISTER with the shard map
+        seq = protocol.SeqCounter()
+        while not done.is_set():
+            verdict.pump(0.02)
+            for ident in verdict.peers:
+                for m in verdict.of_type(protocol.REGISTER):
+                    if m.body["pid"] in answered:
+                        continue
+                    answered.add(m.body["pid"])
+                    detail = {"host": m.body["host"], "pid": m.body["pid"], "rank": m.body["assigned_rank"],
+                              "shards": {"count": 2, "endpoints": [s.bound for s in shards]}}
+                    verdict.sock.send_multipart([ident, encode(Message(
+                        protocol.STATUS, "j", "coordinator", seq(), {"what": "assigned", "detail": detail}))])
+            for s in shards:
+                if s.sock is not None:
+                    s.pump(0.0)
+
+    proc, endpoint = start_agent(tmp_path, verdict.bound, "--assign-wait", "10")
+    server = threading.Thread(target=serve, daemon=True)
+    server.start()
+    rank = None
+    try:
+        wait_for(lambda: verdict.peers)  # heard: registrations wait for the answer and its map
+        verdict.control("resume")  # any word from the coordinator
+        time.sleep(0.3)
+        steps = 200
+        rank = start_rank(endpoint, "--claim", "0", "--world-size", "1", "--steps", str(steps), "--tensors", "3",
+                          "--grads", "--sleep", "0.01")
+        wait_event(rank, "registered")
+        wait_for(lambda: any(m.body["step"] >= 40 for m in shards[1].of_type(protocol.STEP)))
+        done.set()
+        server.join()
+        shards[1].close_socket()  # a crash: what its socket held is gone
+        time.sleep(0.8)
+        shards[1].replay = protocol.ReplayFilter()  # a new shard remembers nothing
+        shards[1].messages.clear()
+        shards[1].open()
+        done.clear()
+        server = threading.Thread(target=serve, daemon=True)
+        server.start()
+        wait_event(rank, "done", timeout=60)
+        wait_for(lambda: any(m.body["step"] == steps - 1 for m in shards[1].of_type(protocol.STEP)), timeout=30)
+        wait_for(lambda: any(m.body["step"] == steps - 1 for m in shards[0].of_type(protocol.STEP)), timeout=30)
+    finally:
+        done.set()
+        server.join()
+        if rank is not None:
+            stop(rank)
+        stop(proc)
+        for c in (verdict, *shards):
+            c.close()
+    assert not verdict.of_type(protocol.STEP)  # every step went straight to the shards
+    got0 = {m.body["step"] for m in shards[0].of_type(protocol.STEP)}
+    assert got0 == set(range(steps))
+    after = shards[1].of_type(protocol.STEP)
+    first = min(m.body["step"] for m in after)
+    assert first <= 40 and {m.body["step"] for m in after} == set(range(first, steps))  # nothing missed
+    assert {int(k) for m in after for k in m.body["cols"]["kinds"]} == {int(Kind.GRAD_LOCAL)}
+    # The new shard got its columns' names again, with the first step it saw, and only those.
+    names = set().union(*(m.body["new_names"].values() for m in after))
+    assert names == {f"Cell.layer{i}.Dense.weight.grad" for i in range(3)}
