@@ -159,7 +159,7 @@ class ShardUplinks:
                 if frame is None:
                     break
                 msg = self._decoder.decode(frame)
-                # A shard sends acks and clock probes; it uses no clock, so probes go unanswered.
+                # A shard sends acks only.
                 if msg is not None and msg.type == protocol.STATUS and msg.body["what"] == "ack":
                     high = (msg.body.get("detail") or {}).get("high")
                     if isinstance(high, dict):

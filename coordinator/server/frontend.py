@@ -68,8 +68,12 @@ class Handlers:
 
 class Frontend:
     def __init__(self, handlers: Handlers, bind: str = "tcp://127.0.0.1:0", *, curve: Any = None,
-                 job: str | None = None, tick_s: float = 0.05, ack_s: float = 0.5) -> None:
+                 job: str | None = None, tick_s: float = 0.05, ack_s: float = 0.5,
+                 clock_probes: bool = True) -> None:
+        """``clock_probes``: measure each agent's clock offset (a front end that moves no
+        agent times onto its clock, an ingest shard's, asks for none)."""
         self.handlers = handlers
+        self.clock_probes = clock_probes
         self.ack_s = ack_s
         self.bind = bind
         self.curve = curve
@@ -234,7 +238,8 @@ class Frontend:
                 if now >= next_ack:
                     next_ack = now + self.ack_s
                     self._guard(self.send_acks)
-                    self._guard(self.probe_clocks, now)
+                    if self.clock_probes:
+                        self._guard(self.probe_clocks, now)
         finally:
             from rankscope.wire.transport import stop_authenticator
             self._fail_pending_calls()

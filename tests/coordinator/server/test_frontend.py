@@ -186,3 +186,17 @@ def test_a_node_agent_answers_the_clock_probe_of_a_front_end_serving_one_job(fro
         assert fe.decoder.rejected.get("wrong_job", 0) == 0
     finally:
         agent.close()
+
+
+def test_a_front_end_without_clock_probes_only_acknowledges():
+    """An ingest shard's front end: agents get acks from it, never a clock probe to answer."""
+    fe = Frontend(Recorder(), "tcp://127.0.0.1:0", job="j", tick_s=0.02, ack_s=0.05, clock_probes=False)
+    fe.start()
+    agent = SimAgent(fe.endpoint, "j")
+    try:
+        agent.status("hello", 0, 0)
+        wait_for(lambda: agent.recv(0.1) is None and agent.acks)  # recv keeps acks aside
+        assert agent.recv(0.6) is None  # several ack periods: nothing but acks came
+    finally:
+        agent.close()
+        fe.stop()
