@@ -23,7 +23,9 @@ def local_ray():
 
 
 def test_agent_routes_steps_to_both_shards_and_the_fault_is_named(tmp_path):
-    h = start_coordinator(str(tmp_path / "coord"), {"shards": 2, "on_divergence": "continue"},
+    # No lag check: on a loaded machine one fake rank may run steps ahead of the other.
+    cluster = {"shards": 2, "on_divergence": "continue", "detectors": {"progress": {"lag_steps": None}}}
+    h = start_coordinator(str(tmp_path / "coord"), cluster,
                           name="route", namespace=NS, job="j")
     agent, listen = start_agent(tmp_path, ray.get(h.endpoint.remote()))
     ranks = []
@@ -37,8 +39,8 @@ def test_agent_routes_steps_to_both_shards_and_the_fault_is_named(tmp_path):
         assert sorted(wait_event(p, "registered")["rank"] for p in ranks) == [0, 1]
         for p in ranks:
             wait_event(p, "done", timeout=60)
-        inc = wait_for(lambda: ray.get(h.incidents.remote()), timeout=60)[0]
-        assert (inc["first_diverging_rank"], inc["step"], inc["detector"]) == (1, 7, "nan_origin")
+        incs = wait_for(lambda: ray.get(h.incidents.remote()), timeout=60)
+        assert [(i["first_diverging_rank"], i["step"], i["detector"]) for i in incs] == [(1, 7, "nan_origin")]
         per_shard = STEPS * 2 * LAYERS  # forward records to shard 0, local gradients to shard 1
         st = wait_for(lambda: (s := ray.get(h.status.remote()))["records"] == 2 * per_shard and s, timeout=60)
         assert [s["records"] for s in st["shards"]] == [per_shard, per_shard], st["shards"]
