@@ -98,7 +98,7 @@ class NodeAgent:
                     self.uplink.confirm()
                     self.uplink.pump()
                     if self.core.names.owed and not self.uplink.backlog:
-                        self.core.names.replay_done()
+                        self.core.names.replay_done(everyone=self.core.route.active)
                     self.shards.pump()
             self._drain_on_stop()
         finally:

@@ -48,3 +48,5 @@ def test_a_gone_ranks_debt_ends_once_the_replay_is_sent():
     assert led._owed == {"j|gone", "j|live"}  # its frames may be among those replayed
     led.replay_done()
     assert led._owed == {"j|live"}  # a live rank's next step still pays
+    led.replay_done(everyone=True)  # its steps go to the ingest shards now, not this way
+    assert not led.owed
