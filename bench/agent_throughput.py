@@ -98,7 +98,7 @@ def role_rank(args: argparse.Namespace) -> int:
     for batch in batches:
         batch.rank = r
         client.emit(StepOutput(batch, f"rank{r}"))
-        while len(client._q) >= args.queue_max:  # noqa: SLF001 - throughput run: wait, never drop
+        while len(client.state.queue) >= args.queue_max:  # throughput run: wait, never drop
             time.sleep(0.0005)
     client.close(timeout=60)
     print(json.dumps({"rank": r, "dropped": client.dropped, "sent": client.sent}), flush=True)
@@ -122,7 +122,7 @@ def throughput(args: argparse.Namespace, via_agent: bool, tmp: Path) -> dict:
     if via_agent:
         run = tmp / f"a{time.monotonic_ns()}"
         run.mkdir()
-        agent = _spawn("-m", "rankscope.cli", "agent", "--listen", f"ipc://{run}/agent.sock",
+        agent = _spawn("-m", "rankscope", "agent", "--listen", f"ipc://{run}/agent.sock",
                        "--coordinator", coord_ep, "--spool", str(run / "spool"), "--bundle-dir", str(run / "b"),
                        "--log-level", "WARNING")
         endpoint = agent.stdout.readline().strip().rsplit(" ", 1)[-1]

@@ -37,6 +37,8 @@ def main() -> int:
     ap.add_argument("--dump", default=None)
     ap.add_argument("--then", choices=("exit", "hang"), default="exit")
     ap.add_argument("--exit-on-terminate", action="store_true")
+    ap.add_argument("--grads", action="store_true", help="a local gradient per layer too (another kind)")
+    ap.add_argument("--nan-at", type=int, default=None, help="layer 0's gradient is NaN at this step")
     ap.add_argument("--burst", action="store_true",
                     help="build every step first, then emit them back to back (no dump)")
     a = ap.parse_args()
@@ -70,6 +72,11 @@ def main() -> int:
                 v = float(step * 100 + i)
                 builder.add(f"Cell.layer{i}.Dense.forward.0", Kind.FORWARD, (v, -v, v / 2, abs(v) + 1.0),
                             numel=16)
+                if a.grads:
+                    nan = (i == 0 and step == a.nan_at)
+                    g = float("nan") if nan else 0.01 * (i + 1)
+                    builder.add(f"Cell.layer{i}.Dense.weight.grad", Kind.GRAD_LOCAL, (g, -g, 0.0, g), nan=16 * nan,
+                                numel=16)
             batch = builder.build(a.job, rank if rank is not None else -1, step, wall_time=time.time())
             entries = {f"Cell.layer{i}.Dense.forward.0": {"output": [{"type": "mindspore.Tensor", "Max": 1.0}]}
                        for i in range(a.tensors)}

@@ -5,9 +5,9 @@ coordinator sends (:meth:`on_coordinator_frame`), connection changes (:meth:`on_
 the passing of time (:meth:`tick`). What it decides to send goes into an :class:`Outbox` that
 the loop (:mod:`.daemon`) empties onto its sockets; files it owns (bundles written on a dead
 rank's behalf, ``rank_map.json``) it writes itself. Tests drive it with encoded frames and a
-scripted clock. Rank frames are forwarded byte for byte (their src/seq intact, so the
-coordinator de-duplicates spool replays); the agent adds its own REGISTER (with the assigned
-id), RANK_LOST, RANK_MAP and STATUS messages.
+scripted clock. Rank frames are forwarded byte for byte (src/seq intact, so the coordinator
+de-duplicates spool replays), or a STEP split over the ingest shards with the same src/seq
+(:mod:`.shard_route`); the agent adds its own REGISTER, RANK_LOST, RANK_MAP and STATUS.
 """
 from __future__ import annotations
 
@@ -27,6 +27,7 @@ from rankscope.node.outbox import Key, Outbox
 from rankscope.node.registry import ProcessState, RankEntry, RankRegistry
 from rankscope.node.relay import QUESTIONS, ControlRelay
 from rankscope.node.settings import AgentSettings
+from rankscope.node.shard_route import ShardRouting
 from rankscope.node.stacks import StackRequests
 from rankscope.wire import job_config, protocol
 from rankscope.wire.layout import position_file, rank_to_wire, safe_id
@@ -40,8 +41,7 @@ log = logging.getLogger(__name__)
 EXIT_GRACE_S = 0.3
 #: A rank that said goodbye but whose process has not ended after this long is judged by its goodbye.
 BYE_WAIT_S = 5.0
-LIVENESS_EVERY_S = 0.2
-STATUS_EVERY_S = 2.0
+LIVENESS_EVERY_S, STATUS_EVERY_S = 0.2, 2.0
 
 
 class NodeCore:
@@ -61,10 +61,10 @@ class NodeCore:
         self.bundles = RankBundles(settings.bundle_dir, settings.flight_recorder_steps)
         self.relay = ControlRelay()
         self.names = NameLedger()
+        self.route = ShardRouting(self.names, settings.route_steps)  # steps straight to the ingest shards
         self.decoder = protocol.Decoder(job=settings.job)
         self._updecoder = protocol.Decoder(job=None)
-        self.forwarded = 0
-        self.out = Outbox()
+        self.forwarded, self.out = 0, Outbox()
         # id(entry) -> (first seen dead, Lost, wall time of the death)
         self._dying: dict[int, tuple[float, Lost, float]] = {}
         self.exports = RecentExports(self.clock)
@@ -81,8 +81,7 @@ class NodeCore:
         return encode(Message(mtype, job, src or self.src, self._seq(), body))
 
     def _up_own(self, mtype: str, job: str, body: dict, src: str | None = None) -> None:
-        seq = self._seq()
-        src = src or self.src
+        seq, src = self._seq(), src or self.src
         self.out.up.append((encode(Message(mtype, job, src, seq, body)), (f"{job}|{src}", seq)))
 
     def _to_rank(self, entry: RankEntry, frame: bytes) -> None:
@@ -98,8 +97,7 @@ class NodeCore:
 
     # --- ranks -> agent ---------------------------------------------------------------
     def on_rank_frame(self, ident: bytes, frame: bytes) -> None:
-        msg = self.decoder.decode(frame)
-        if msg is None:
+        if (msg := self.decoder.decode(frame)) is None:
             return
         try:
             self._on_rank(ident, frame, msg)
@@ -114,7 +112,7 @@ class NodeCore:
             if entry is not None:
                 entry.last_step = max(entry.last_step, msg.body["step"])
                 self.bundles.record(entry, protocol.step_from_message(msg))
-            self.out.up.append((frame, key))
+            self.route.step(frame, msg, key, self.out)
             self.forwarded += 1
         elif msg.type == protocol.HEARTBEAT:
             if entry is not None:
@@ -185,7 +183,7 @@ class NodeCore:
     def _end(self, e: RankEntry, exit_status: int | None, died_at: float | None = None) -> None:
         """The rank's process is over (or, remote, said goodbye): finished or lost?"""
         self.liveness.forget(e)
-        self.names.retire(e.extra.get("src", ""))
+        self.route.retire(e.extra.get("src", ""))
         exception = e.extra.get("exception")
         bye = e.extra.get("bye")
         died_at = died_at if died_at is not None else (bye[1] if bye else self.wall())
@@ -348,7 +346,9 @@ class NodeCore:
             detail["t2"] = self.wall()
             self.out.up_volatile.append(self._msg(protocol.STATUS, msg.job, {"what": "clock", "detail": detail}))
         elif msg.type == protocol.STATUS and msg.body["what"] == "assigned":
-            if not confirm_assigned(self.registry, self.held, msg.job, msg.body.get("detail"), self._answer):
+            detail = msg.body.get("detail")  # the shard map first: the rank streams once answered
+            if not (self.route.learn(detail) and confirm_assigned(self.registry, self.held, msg.job, detail,
+                                                                  self._answer)):
                 self._updecoder.rejected["bad_assigned"] += 1
         elif msg.type == protocol.STATUS and msg.body["what"] == job_config.WHAT:
             self.job_config = checked_job_config(job_config.config_of(msg.body)) or self.job_config

@@ -19,6 +19,7 @@ from rankscope.node.core import NodeCore
 from rankscope.node.outbox import Outbox
 from rankscope.node.pidfd import PidWatch
 from rankscope.node.settings import AgentSettings
+from rankscope.node.shard_route import ShardUplinks
 from rankscope.node.spool import SpoolLog
 from rankscope.node.uplink import Uplink
 from rankscope.wire.transport import bind_router, stop_authenticator
@@ -42,10 +43,15 @@ class NodeAgent:
         self.router, self.endpoint = bind_router(self.ctx, settings.listen, settings.listen_curve)
         self.router.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self.uplink: Uplink | None = None
+        self.shards: ShardUplinks | None = None
         if settings.coordinator:
             spool = SpoolLog(settings.spool_dir, max_bytes=settings.spool_max_bytes)
             self.uplink = Uplink(self.ctx, settings.coordinator, self.src.encode(), spool,
                                  curve=settings.coordinator_curve, replay_window_s=settings.replay_window_s)
+            # Steps go straight to the ingest shards once the coordinator names them.
+            self.shards = ShardUplinks(self.ctx, self.src.encode(), settings.spool_dir,
+                                       spool_max_bytes=settings.spool_max_bytes, curve=settings.coordinator_curve,
+                                       replay_window_s=settings.replay_window_s)
         self._stop = threading.Event()
         self._ranks_drained = True  # the last drain emptied the rank socket
         self.pidfds = PidWatch()
@@ -71,7 +77,8 @@ class NodeAgent:
         try:
             while not self._stop.is_set():
                 # A backlog (replay after a reconnect) is pumped without waiting for input.
-                busy = self.uplink is not None and self.uplink.connected and self.uplink.backlog
+                busy = self.uplink is not None and (self.uplink.connected and self.uplink.backlog
+                                                    or self.shards.backlog)
                 self.pidfds.sync(poller, self.core.watched_pids())
                 events = dict(poller.poll(5 if busy else 50))
                 self._drain_ranks()
@@ -84,11 +91,15 @@ class NodeAgent:
                             self.core.on_link_up()
                             names = self.core.names
                             self.uplink.rewrite = names.attach if names.owed else None
+                    self.shards.poll()
                 self.core.tick(self._ranks_drained, self._link_stats())
                 self._flush(self.core.take())
                 if self.uplink is not None:
                     self.uplink.confirm()
                     self.uplink.pump()
+                    if self.core.names.owed and not self.uplink.backlog:
+                        self.core.names.replay_done(everyone=self.core.route.active)
+                    self.shards.pump()
             self._drain_on_stop()
         finally:
             self.close()
@@ -96,7 +107,8 @@ class NodeAgent:
     def _link_stats(self) -> dict | None:
         if self.uplink is None:
             return None
-        return {"spool_bytes": self.uplink.spool.bytes_on_disk, "spool_dropped": self.uplink.spool.dropped}
+        return {"spool_bytes": self.uplink.spool.bytes_on_disk, "spool_dropped": self.uplink.spool.dropped,
+                "routed_steps": self.core.route.routed, **self.shards.stats()}
 
     def _drain_on_stop(self) -> None:
         """Stopping (SIGTERM at job end): take what ranks still sent and hand the backlog to
@@ -106,11 +118,13 @@ class NodeAgent:
         if self.uplink is None:
             return
         deadline = time.monotonic() + self.s.drain_s
-        while self.uplink.connected and self.uplink.backlog and time.monotonic() < deadline:
-            if not self.uplink.pump():
+        while (self.uplink.connected and self.uplink.backlog or self.shards.backlog) \
+                and time.monotonic() < deadline:
+            if not (self.uplink.pump() + self.shards.pump()):
                 time.sleep(0.01)
             self.uplink.poll_link()
-        if self.uplink.backlog:
+            self.shards.poll()
+        if self.uplink.backlog or any(link.backlog for link in self.shards.links):
             log.warning("stopping with frames not yet sent; they stay in the spool %s and go first "
                         "when an agent starts on it again", self.s.spool_dir)
 
@@ -119,6 +133,7 @@ class NodeAgent:
         if self.uplink is not None:
             self.uplink.close()
             self.uplink = None
+            self.shards.close()
         self.router.close(0)
         stop_authenticator(self.ctx)
         self.ctx.term()
@@ -157,5 +172,8 @@ class NodeAgent:
             self.uplink.on_ack(high)
         for frame, key in out.up:
             self.uplink.send(frame, key)
+        self.shards.sync(self.core.route)  # cheap when the endpoints did not change
+        for shard, frame, key in out.shards:
+            self.shards.send(shard, frame, key)
         for frame in out.up_volatile:
             self.uplink.send_volatile(frame)

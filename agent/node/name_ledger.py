@@ -41,6 +41,23 @@ class NameLedger:
             self._names.pop(old, None)
             self._owed.discard(old)
 
+    def replay_done(self, everyone: bool = False) -> None:
+        """Nothing unsent is left: a gone rank sends no more steps, so its debt is void
+        (kept, it would make every later frame be decoded in :meth:`attach`). ``everyone``:
+        steps no longer take this way (they go to the ingest shards), so nobody owes."""
+        if everyone:
+            self._owed.clear()
+        else:
+            self._owed.difference_update(self._retired)
+
+    def seed(self, other: "NameLedger") -> None:
+        """Start from ``other``'s tables (names sent before this ledger existed), its gone
+        ranks gone here too."""
+        for key, table in other._names.items():
+            self.note(key, table)
+        for key in other._retired:
+            self.retire(key)
+
     @property
     def owed(self) -> bool:
         return bool(self._owed)

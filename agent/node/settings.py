@@ -26,3 +26,6 @@ class AgentSettings:
     #: How long a registration waits for the coordinator's job-wide id before the rank is
     #: answered with this host's (0: at once; ranks wait 2 s for their answer).
     assign_wait_s: float = 0.0
+    #: Send steps straight to the coordinator's ingest shards when it names them (False:
+    #: every step to the coordinator, which relays them; the bench compares the two).
+    route_steps: bool = True

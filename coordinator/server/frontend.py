@@ -41,8 +41,9 @@ class Peer:
     identity: bytes
     last_seen: float
     ranks: set[tuple[str, int]] = field(default_factory=set)
-    #: src -> highest seq taken from this peer, acknowledged (STATUS "ack") so the node
-    #: agent can trim its spool; ``unacked`` says an ack is due.
+    #: "job|src" -> highest seq taken from this peer, acknowledged (STATUS "ack") so the
+    #: node agent can trim its spool (it keys its frames the same way, as the replay
+    #: filter does: two jobs' ranks may share a src); ``unacked`` says an ack is due.
     high: dict[str, int] = field(default_factory=dict)
     unacked: bool = False
     #: The agent's clock offset to ours: its times are moved onto our clock with it.
@@ -67,8 +68,12 @@ class Handlers:
 
 class Frontend:
     def __init__(self, handlers: Handlers, bind: str = "tcp://127.0.0.1:0", *, curve: Any = None,
-                 job: str | None = None, tick_s: float = 0.05, ack_s: float = 0.5) -> None:
+                 job: str | None = None, tick_s: float = 0.05, ack_s: float = 0.5,
+                 clock_probes: bool = True) -> None:
+        """``clock_probes``: measure each agent's clock offset (a front end that moves no
+        agent times onto its clock, an ingest shard's, asks for none)."""
         self.handlers = handlers
+        self.clock_probes = clock_probes
         self.ack_s = ack_s
         self.bind = bind
         self.curve = curve
@@ -160,7 +165,9 @@ class Frontend:
                 continue
             peer.next_clock_probe = now + (CLOCK_PROBE_S if peer.clock.error is not None else 0.5)
             body = {"what": "clock", "detail": {"t1": time.time()}}
-            frame = protocol.encode(Message(protocol.STATUS, "", "coordinator", self._seq(), body))
+            # Our job, not "": the agent answers with the probe's job, and a front end
+            # serving one job rejects frames of any other.
+            frame = protocol.encode(Message(protocol.STATUS, self.decoder.job or "", "coordinator", self._seq(), body))
             try:
                 self._sock.send_multipart([peer.identity, frame], flags=zmq.NOBLOCK)
             except zmq.ZMQError as exc:
@@ -231,7 +238,8 @@ class Frontend:
                 if now >= next_ack:
                     next_ack = now + self.ack_s
                     self._guard(self.send_acks)
-                    self._guard(self.probe_clocks, now)
+                    if self.clock_probes:
+                        self._guard(self.probe_clocks, now)
         finally:
             from rankscope.wire.transport import stop_authenticator
             self._fail_pending_calls()
@@ -252,7 +260,10 @@ class Frontend:
             if len(parts) < 2:
                 continue
             msg = decode(parts[-1])
-            if msg is None or not fresh(f"{msg.job}|{msg.src}", msg.seq):
+            if msg is None:
+                continue
+            key = f"{msg.job}|{msg.src}"
+            if not fresh(key, msg.seq):
                 continue
             ident = parts[0]
             peer = self.peers.get(ident)
@@ -260,8 +271,8 @@ class Frontend:
                 peer = self.peers[ident] = Peer(ident, now)
                 self._greet(peer)
             peer.last_seen = now
-            if msg.seq > peer.high.get(msg.src, -1):
-                peer.high[msg.src] = msg.seq
+            if msg.seq > peer.high.get(key, -1):
+                peer.high[key] = msg.seq
             peer.unacked = True
             if msg.type == protocol.STATUS and msg.body["what"] == "clock":
                 d = msg.body.get("detail") or {}

@@ -71,7 +71,7 @@ class ShardService(Handlers):
         from rankscope.coordinator.logic.shard import ShardCore
         self.index = index
         self.core = ShardCore(parse_cluster(cluster), shard=index)
-        self.frontend = Frontend(self, bind, job=job, tick_s=tick_s, curve=curve)
+        self.frontend = Frontend(self, bind, job=job, tick_s=tick_s, curve=curve, clock_probes=False)
         self._verdict = verdict  # the verdict actor's handle
         self._judged: dict[str, int] = {}
         self._next_feed = 0

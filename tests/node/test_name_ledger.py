@@ -37,3 +37,16 @@ def test_retired_tables_are_bounded():
         led.retire(f"j|r{i}", keep=3)
     led.owe_all()
     assert led._owed == {"j|r7", "j|r8", "j|r9"}
+
+
+def test_a_gone_ranks_debt_ends_once_the_replay_is_sent():
+    led = NameLedger()
+    led.note("j|gone", {0: "a"})
+    led.note("j|live", {0: "b"})
+    led.retire("j|gone")
+    led.owe_all()
+    assert led._owed == {"j|gone", "j|live"}  # its frames may be among those replayed
+    led.replay_done()
+    assert led._owed == {"j|live"}  # a live rank's next step still pays
+    led.replay_done(everyone=True)  # its steps go to the ingest shards now, not this way
+    assert not led.owed

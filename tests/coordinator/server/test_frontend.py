@@ -92,7 +92,7 @@ def test_control_reaches_every_agent_and_calls_run_on_the_loop(front):
             assert msg.body["args"] == {"n": 2} and msg.src == "coordinator"
         # acks tell each agent what arrived from it
         wait_for(lambda: agents[0].recv(0.1) is None and agents[0].acks)
-        assert agents[0].acks[-1] == {"rank:simhost:0": 0}
+        assert agents[0].acks[-1] == {"j|rank:simhost:0": 0}  # keyed as the agent keys its spool
         with pytest.raises(ZeroDivisionError):
             fe.call_sync(lambda: 1 / 0)
     finally:
@@ -161,3 +161,42 @@ def test_other_messages_never_overtake_the_steps_sent_before_them(front):
         assert seen == ["step0", "step1", "step2", "finished", "step0"]
     finally:
         agent.close()
+
+
+def test_a_node_agent_answers_the_clock_probe_of_a_front_end_serving_one_job(front, tmp_path):
+    """The probe carries the front end's job, so the agent's answer (which echoes it) is
+    not refused as another job's frame and the agent's clock offset gets measured."""
+    from rankscope.node.core import NodeCore
+    from rankscope.node.settings import AgentSettings
+
+    fe, _ = front
+    core = NodeCore(AgentSettings(listen="ipc:///nowhere", bundle_dir=tmp_path), "h", "agent:h:1",
+                    wall_clock=lambda: time.time() - 100.0)  # this host's clock is 100 s behind
+    agent = SimAgent(fe.endpoint, "j")
+    try:
+        agent.status("hello", 0, 0)
+        probe = wait_for(lambda: (m := agent.recv(0.2)) is not None and m.body.get("what") == "clock" and m)
+        assert probe.job == "j"
+        core.on_coordinator_frame(protocol.encode(probe))
+        (answer,) = core.take().up_volatile
+        agent.sock.send(answer)
+        peer = wait_for(lambda: next((p for p in fe.call_sync(lambda: list(fe.peers.values()))
+                                      if p.clock.error is not None), None))
+        assert abs(peer.clock.offset - 100.0) < 1.0
+        assert fe.decoder.rejected.get("wrong_job", 0) == 0
+    finally:
+        agent.close()
+
+
+def test_a_front_end_without_clock_probes_only_acknowledges():
+    """An ingest shard's front end: agents get acks from it, never a clock probe to answer."""
+    fe = Frontend(Recorder(), "tcp://127.0.0.1:0", job="j", tick_s=0.02, ack_s=0.05, clock_probes=False)
+    fe.start()
+    agent = SimAgent(fe.endpoint, "j")
+    try:
+        agent.status("hello", 0, 0)
+        wait_for(lambda: agent.recv(0.1) is None and agent.acks)  # recv keeps acks aside
+        assert agent.recv(0.6) is None  # several ack periods: nothing but acks came
+    finally:
+        agent.close()
+        fe.stop()
