@@ -60,7 +60,7 @@ def test_a_step_one_shard_did_not_judge_is_not_seen() -> None:
     report = cov.report("j", {0: None, 1: None})
     assert report["not_seen"] == [{"rank": 0, "steps": [[4, 4]]}, {"rank": 1, "steps": [[4, 4], [7, 7]],
                                                                    "dropped_steps": 3}]
-    assert describe(report) == ("watched steps 0-9 on 2/2 ranks; rank 0 steps 4 not seen; "
+    assert describe(report) == ("watched steps 0-9 on 2/2 ranks; rank 0 step 4 not seen; "
                                 "rank 1 steps 4, 7 not seen (3 step(s) dropped in the rank)")
 
 
