@@ -287,8 +287,47 @@ def _check_watch(detail: Any) -> None:
             raise ProtocolError("bad_field", f"status.watch.{key} is longer than {WATCH_TEXT_MAX}")
 
 
+#: Per column: (name, dtype string, dtype, trailing shape) for the fast path of _check_step.
+_STEP_FAST = tuple((name, dstr, np.dtype(dstr), (4,) if name == "stats" else ())
+                   for name, (dstr, _) in _STEP_COLS.items())
+_ARRAY_KEYS = frozenset({"d", "s", "b"})
+
+
+def _step_arrays(cols: dict) -> dict[str, np.ndarray] | None:
+    """The step's columns as zero-copy views when every one is exactly what a probe
+    sends (expected dtype string, shape, byte count, one row count); None for anything
+    else, which the general checks then reject with the precise reason. A frame costs
+    one pass of dict lookups and comparisons here instead of a dtype parse per column."""
+    out = {}
+    n = -1
+    for name, dstr, dtype, tail in _STEP_FAST:
+        obj = cols.get(name)
+        if type(obj) is not dict or obj.keys() != _ARRAY_KEYS or obj["d"] != dstr:
+            return None
+        shape, raw = obj["s"], obj["b"]
+        if type(shape) is not list or len(shape) != 1 + len(tail) or type(raw) is not bytes:
+            return None
+        rows = shape[0]
+        if type(rows) is not int or rows < 0 or (n >= 0 and rows != n):
+            return None
+        if tail and (type(shape[1]) is not int or shape[1] != tail[0]):
+            return None
+        if len(raw) != rows * dtype.itemsize * (tail[0] if tail else 1):
+            return None
+        n = rows
+        arr = np.frombuffer(raw, dtype=dtype)
+        out[name] = arr.reshape(rows, *tail) if tail else arr
+    return out
+
+
 def _check_step(body: dict) -> None:
     cols = body["cols"]
+    if len(cols) == len(_STEP_COLS):
+        fast = _step_arrays(cols)
+        if fast is not None:
+            cols.update(fast)
+            _check_step_rest(body, fast["kinds"])
+            return
     if set(cols) != set(_STEP_COLS):
         raise ProtocolError("bad_field", f"step.cols has {sorted(map(str, cols))[:10]}")
     n = None
@@ -303,9 +342,13 @@ def _check_step(body: dict) -> None:
         elif arr.shape[0] != n:
             raise ProtocolError("bad_shape", f"step.cols.{name}: {arr.shape[0]} rows, want {n}")
         cols[name] = arr
+    _check_step_rest(body, cols["kinds"])
+
+
+def _check_step_rest(body: dict, kinds: np.ndarray) -> None:
     # A kind the detectors do not know would make StepBatch.validate() fail downstream.
-    if n and int(cols["kinds"].max()) > _MAX_KIND:
-        raise ProtocolError("bad_field", f"step.cols.kinds: unknown kind {int(cols['kinds'].max())}")
+    if kinds.shape[0] and int(kinds.max()) > _MAX_KIND:
+        raise ProtocolError("bad_field", f"step.cols.kinds: unknown kind {int(kinds.max())}")
     for k, v in body["new_names"].items():
         if not isinstance(k, int) or isinstance(k, bool) or k < 0 or not isinstance(v, str):
             raise ProtocolError("bad_field", "step.new_names must map int -> str")

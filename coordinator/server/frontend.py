@@ -32,6 +32,9 @@ CLOCK_PROBE_S = 5.0
 #: At most this many frames are drained before the loop runs ticks and calls again,
 #: so a flood of steps cannot starve detection or control.
 MAX_BURST = 2048
+#: Frames queued per connected agent before libzmq stops reading from it (its own send
+#: queue then fills and it spools): a step of every rank behind one agent must fit.
+RCVHWM = 100_000
 
 
 @dataclass
@@ -200,10 +203,9 @@ class Frontend:
             bind_router,  # CURVE, MAXMSGSIZE, refuses non-local plaintext
         )
         self._ctx = zmq.Context()
-        self._sock, self.endpoint = bind_router(self._ctx, self.bind, curve=self.curve)
+        self._sock, self.endpoint = bind_router(self._ctx, self.bind, curve=self.curve, rcvhwm=RCVHWM)
         # Fail loudly on unknown identities instead of dropping control silently.
         self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        self._sock.setsockopt(zmq.RCVHWM, 100_000)
 
     def _run(self) -> None:
         try:

@@ -106,8 +106,8 @@ def _sender(node: int, ranks: list[int], args: dict, endpoint: str, ready: Any, 
     seqs = {r: protocol.SeqCounter() for r in ranks}
     ident = f"agent:simnode{node}:{os.getpid()}".encode()
     ctx = zmq.Context()
-    sock = connect_dealer(ctx, endpoint, ident)
-    sock.setsockopt(zmq.SNDHWM, 0)  # phase 1 is a burst: let it queue, the clock is on the receiver
+    # Phase 1 is a burst: let it queue (no send limit), the clock is on the receiver.
+    sock = connect_dealer(ctx, endpoint, ident, sndhwm=0)
     for r in ranks:
         sock.send(protocol.encode(protocol.Message(protocol.REGISTER, job, f"rank:{r}", seqs[r](), {
             "host": f"simnode{node}", "pid": 100000 + r, "claimed_rank": r, "assigned_rank": r,
@@ -116,9 +116,7 @@ def _sender(node: int, ranks: list[int], args: dict, endpoint: str, ready: Any, 
     smap = ShardMap.from_wire(shards) if shards else ShardMap(1)
     socks = [sock]
     if shards:
-        socks = [connect_dealer(ctx, ep, ident) for ep in shards["endpoints"]]
-        for s in socks:
-            s.setsockopt(zmq.SNDHWM, 0)
+        socks = [connect_dealer(ctx, ep, ident, sndhwm=0) for ep in shards["endpoints"]]
 
     def frames(s: int, fault: bool = False) -> list[tuple[Any, bytes]]:
         # What a node agent does with a rank's step: one frame per shard, its records only.
