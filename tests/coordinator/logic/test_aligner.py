@@ -208,3 +208,17 @@ def test_a_new_run_reusing_the_job_id_is_aligned_and_judged_from_scratch() -> No
             core.on_rank_finished(sim.job, r)
     assert [(v.detector, v.rank, v.step) for v in found] == [("nan_origin", 1, 2), ("nan_origin", 2, 2)]
     assert core.status()["counters"]["late_records"] == 0
+
+
+def test_max_lag_is_the_status_lag_of_the_furthest_behind_live_rank() -> None:
+    core = CoordinatorCore({})
+    t = [NameTable() for _ in range(4)]
+    for r in range(4):
+        core.on_register("j", r, {"world_size": 4})
+    for r, last in ((0, 5), (1, 2), (2, 4), (3, 0)):
+        for s in range(last + 1):
+            core.on_step(_batch(t[r], r, s, [("a", Kind.PARAM, 1.0)]))
+    core.on_rank_lost("j", 3, 0, 1, "killed")  # a lost rank lags for ever: not counted
+    lags = {int(r): v["lag"] for r, v in core.status()["jobs"]["j"]["ranks"].items()}
+    assert lags == {0: 0, 1: 3, 2: 1, 3: 5}
+    assert core.max_lag() == 3
