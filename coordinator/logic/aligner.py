@@ -5,7 +5,8 @@ table, the step the slot, the rank the row and (name, call index) the column
 (:mod:`rankscope.coordinator.logic.columns`). A slot is released for judging once every live
 rank of its group has reported the step, or once ``deadline_s`` has passed since
 its first record (the missing ranks are then a finding), or when more than
-``max_pending_steps`` slots wait, so memory stays bounded when a rank falls behind.
+``max_pending_steps`` slots wait or they hold more than ``max_pending_mb`` (all groups of
+this aligner together), so memory stays bounded when a rank falls behind.
 Slots are released in step order, so detectors always see the earliest step first.
 Judged slots are dropped; the group keeps only the previous one (``prev``) for
 detectors that compare consecutive steps, plus whatever state a detector keeps.
@@ -95,6 +96,11 @@ class StepSlot:
     @property
     def shape(self) -> tuple[int, int]:
         return self.present.shape
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in (self.reported, self.token, self.present, self.exec, self.stats, self.nan,
+                                      self.inf, self.numel, self.crc))
 
     def grow(self, rows: int, cols: int) -> None:
         r0, c0 = self.shape
@@ -323,6 +329,8 @@ class StepAligner:
     def ready(self, now: float, force: bool = False) -> list[tuple[Group, StepView]]:
         """Slots to judge now, oldest step first per group."""
         out: list[tuple[Group, StepView]] = []
+        held = self.pending_bytes()
+        max_bytes = self.settings.max_pending_mb * 2**20
         for grp in self.groups.values():
             while grp.slots:
                 step = min(grp.slots)
@@ -332,7 +340,7 @@ class StepAligner:
                 if rows < live.shape[0]:
                     slot.grow(live.shape[0], slot.shape[1])
                 missing = live & ~slot.reported[: live.shape[0]]
-                over = len(grp.slots) > self.settings.max_pending_steps
+                over = len(grp.slots) > self.settings.max_pending_steps or held > max_bytes
                 if missing.any() and (missing & grp.paused_mask()).any():
                     # A paused rank is not late: the deadline restarts once nobody it waits for is paused.
                     slot.created = now
@@ -340,6 +348,7 @@ class StepAligner:
                 if missing.any() and not (force or late or over):
                     break
                 del grp.slots[step]
+                held -= slot.nbytes
                 grp.judged_through = step
                 self.counters["steps_judged"] += 1
                 if missing.any():
@@ -365,3 +374,7 @@ class StepAligner:
 
     def pending_steps(self) -> int:
         return sum(len(g.slots) for g in self.groups.values())
+
+    def pending_bytes(self) -> int:
+        """Memory of the slots waiting to be judged (what ``max_pending_mb`` bounds)."""
+        return sum(s.nbytes for g in self.groups.values() for s in g.slots.values())

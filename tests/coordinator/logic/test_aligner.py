@@ -107,6 +107,24 @@ def test_pending_steps_stay_bounded_when_a_rank_falls_behind() -> None:
     assert [(v.detector, v.rank, v.step) for v in found] == [("progress", 3, 0)]
 
 
+def test_pending_memory_stays_bounded_when_a_rank_falls_behind() -> None:
+    # 4 ranks x 16 tensors: one slot is about 4.8 KB; a 0.02 MiB bound holds 4 of them.
+    clock = FakeClock()
+    core = CoordinatorCore({"max_pending_mb": 0.02, "detectors": {"progress": {"lag_steps": None}}}, clock=clock)
+    sim = SyntheticTraining(ranks=4, tensors=16, seed=3)
+    for r in range(4):
+        core.on_register(sim.job, r, {"world_size": 4})
+    found, held = [], []
+    for step in range(30):
+        for b in sim.batches(step)[:3]:  # rank 3 is stuck at step 0, still "running"
+            core.on_step(b)
+        found += core.tick()
+        held.append(core.aligner.pending_bytes())
+    assert max(held) <= 0.02 * 2**20 + held[0]  # never more than one slot beyond the bound
+    assert core.aligner.pending_steps() < 10
+    assert [(v.detector, v.rank, v.step) for v in found] == [("progress", 3, 0)]
+
+
 def test_lost_rank_is_no_longer_awaited() -> None:
     clock = FakeClock()
     core = CoordinatorCore({}, clock=clock)
