@@ -301,11 +301,10 @@ def _check_step(body: dict) -> None:
     n = -1
     for name, dstr, dtype, tail in _STEP_SPECS:
         obj = cols[name]
-        if type(obj) is dict and obj.get("d") == dstr and type(obj.get("s")) is list \
-                and type(obj.get("b")) is bytes and obj.keys() == _ARRAY_KEYS:
+        if type(obj) is dict and obj.keys() == _ARRAY_KEYS and obj["d"] == dstr \
+                and type(shape := obj["s"]) is list and type(raw := obj["b"]) is bytes:
             # The array a probe sends: checked with comparisons and viewed without a copy,
             # no dtype parse (decode_array's), which was most of a frame's cost.
-            shape, raw = obj["s"], obj["b"]
             if len(shape) != 1 + len(tail) or type(shape[0]) is not int or shape[0] < 0 \
                     or (tail and (type(shape[1]) is not int or shape[1] != tail[0])) \
                     or len(raw) != dtype.itemsize * shape[0] * (tail[0] if tail else 1):
