@@ -33,8 +33,9 @@ CLOCK_PROBE_S = 5.0
 #: so a flood of steps cannot starve detection or control.
 MAX_BURST = 2048
 #: Frames queued per connected agent before libzmq stops reading from it (its own send
-#: queue then fills and it spools): a step of every rank behind one agent must fit.
-RCVHWM = 100_000
+#: queue then fills and it spools): a step of every rank behind one agent must fit, and
+#: what is queued is this process's memory (~10 KB a frame of 128 records: 200 MB).
+RCVHWM = 20_000
 
 
 @dataclass
