@@ -162,7 +162,9 @@ def _sender(node: int, ranks: list[int], args: dict, endpoint: str, ready: Any, 
     # no bundle, so the incident is written at its export timeout.
     time.sleep(0.2)
     for sk in {id(s): s for s in [sock, *socks]}.values():
-        sk.close(linger=30_000)  # frames still queued (a large step) must reach the coordinator
+        # Frames still queued (a coordinator behind by many steps) must reach it: a shorter
+        # linger dropped them, which the coordinator then counted as lost.
+        sk.close(linger=int(args["timeout_s"] * 1000))
     ctx.term()
 
 
@@ -236,7 +238,7 @@ def run_ingest(ranks: int, tensors: int, steps: int, *, nodes: int | None = None
         go1, go2, results, sync = spawn.Event(), spawn.Event(), spawn.Queue(), spawn.Barrier(nodes)
         share = [list(range(ranks))[i::nodes] for i in range(nodes)]
         args = {"job": job, "tensors": tensors, "steps": steps, "ranks": ranks, "fault_rank": fault_rank,
-                "paced": paced, "pace_s": pace_s}
+                "paced": paced, "pace_s": pace_s, "timeout_s": timeout_s}
         procs = [spawn.Process(target=_sender, args=(i, share[i], args, endpoint, ready[i], go1, go2, results, sync),
                                daemon=True) for i in range(nodes)]
         for p in procs:
