@@ -222,16 +222,19 @@ def bind_router(ctx: zmq.Context, endpoint: str, curve: CurveKeys | None = None,
 
 
 def connect_dealer(ctx: zmq.Context, endpoint: str, identity: bytes, curve: CurveKeys | None = None, *,
-                   sndhwm: int | None = None) -> zmq.Socket:
+                   sndhwm: int | None = None, heartbeat: bool = True) -> zmq.Socket:
     """Connect a DEALER with routing ``identity``; CURVE client when ``curve`` is given
     (required for a non-local endpoint, with ``curve.server_public``).
 
     ``IMMEDIATE`` is set so a send while the peer is unreachable fails with
     ``zmq.Again`` instead of queueing into a pipe that may never drain: callers use
     that to spool or count a drop. ``sndhwm``: the send queue limit in messages (0 = no
-    limit), set before connecting (see :func:`bind_router`).
+    limit), set before connecting (see :func:`bind_router`). ``heartbeat=False``: no ZMTP
+    pings, for a sender without a spool: a peer that stops reading when its queue is full
+    also stops answering pings, and the connection dropped after the timeout takes the
+    frames in flight with it (a node agent replays them from its spool).
     """
-    sock = _dealer(ctx, endpoint, identity, curve, sndhwm)
+    sock = _dealer(ctx, endpoint, identity, curve, sndhwm, heartbeat)
     _connect(sock, endpoint)
     return sock
 
@@ -251,7 +254,7 @@ def connect_watched_dealer(ctx: zmq.Context, endpoint: str, identity: bytes, cur
 
 
 def _dealer(ctx: zmq.Context, endpoint: str, identity: bytes, curve: CurveKeys | None,
-            sndhwm: int | None = None) -> zmq.Socket:
+            sndhwm: int | None = None, heartbeat: bool = True) -> zmq.Socket:
     if not isinstance(identity, bytes) or not identity:
         raise TransportError(f"identity: expected non-empty bytes, got {identity!r:.60}")
     if not is_local(endpoint) and curve is None:
@@ -267,8 +270,9 @@ def _dealer(ctx: zmq.Context, endpoint: str, identity: bytes, curve: CurveKeys |
         sock.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
         # ZMTP pings: a peer that vanished without closing TCP (host down, partition) is
         # noticed within seconds, so a spool rewinds before it counts frames as delivered.
-        sock.setsockopt(zmq.HEARTBEAT_IVL, 1000)
-        sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 3000)
+        if heartbeat:
+            sock.setsockopt(zmq.HEARTBEAT_IVL, 1000)
+            sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 3000)
         if curve is not None:
             sock.curve_secretkey = curve.secret
             sock.curve_publickey = curve.public

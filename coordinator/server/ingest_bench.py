@@ -110,8 +110,10 @@ def _sender(node: int, ranks: list[int], args: dict, endpoint: str, ready: Any, 
     seqs = {r: protocol.SeqCounter() for r in ranks}
     ident = f"agent:simnode{node}:{os.getpid()}".encode()
     ctx = zmq.Context()
-    # Phase 1 is a burst: let it queue (no send limit), the clock is on the receiver.
-    sock = connect_dealer(ctx, endpoint, ident, sndhwm=0)
+    # Phase 1 is a burst: let it queue (no send limit), the clock is on the receiver. No
+    # ZMTP pings: a coordinator many steps behind stops reading (its queue is full) and
+    # would be taken for dead, and these senders have no spool to replay what that loses.
+    sock = connect_dealer(ctx, endpoint, ident, sndhwm=0, heartbeat=False)
     for r in ranks:
         sock.send(protocol.encode(protocol.Message(protocol.REGISTER, job, f"rank:{r}", seqs[r](), {
             "host": f"simnode{node}", "pid": 100000 + r, "claimed_rank": r, "assigned_rank": r,
@@ -120,7 +122,7 @@ def _sender(node: int, ranks: list[int], args: dict, endpoint: str, ready: Any, 
     smap = ShardMap.from_wire(shards) if shards else ShardMap(1)
     socks = [sock]
     if shards:
-        socks = [connect_dealer(ctx, ep, ident, sndhwm=0) for ep in shards["endpoints"]]
+        socks = [connect_dealer(ctx, ep, ident, sndhwm=0, heartbeat=False) for ep in shards["endpoints"]]
 
     def frames(s: int, fault: bool = False) -> list[tuple[Any, bytes]]:
         # What a node agent does with a rank's step: one frame per shard, its records only.
