@@ -267,7 +267,10 @@ def run_ingest(ranks: int, tensors: int, steps: int, *, nodes: int | None = None
         inc = min(incs, key=lambda i: i["detected_at_epoch"])
         last_wall = max(x["last_step_wall"] for x in st["shards"]) if "shards" in st else st["last_step_wall"]
         elapsed = last_wall - phase1_first
-        final = coord.status(brief=True)
+        # Records still queued at a shard that is behind are not lost: wait until they are
+        # in (or stopped coming) before counting.
+        total = ranks * tensors * (steps + paced)
+        final = _wait(coord, lambda s: _ingested(s) >= total, timeout_s, every=0.25, stall=_ingested)
         fault_step = steps - 1 + paced
         walls = final.get("judged_walls") or []
         lat = []
