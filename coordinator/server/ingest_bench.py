@@ -24,8 +24,9 @@ simulated node agent learns the shard map from its registration replies and send
 frame's records to their shard's socket, as a node agent does. Per shard: records/s
 (its records over its own first-to-last ingest) and peak memory (RSS of its process).
 
-``records_lost`` = records sent - records the coordinator took in (0 unless frames were
-dropped on the way). The last line printed is JSON.
+``records_lost`` = records sent - records the coordinator took in, counted once they are
+all in or none arrived for ``STALL_S`` (0 unless frames were dropped on the way, or a
+shard stalled that long). The last line printed is JSON.
 """
 from __future__ import annotations
 
