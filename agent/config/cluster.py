@@ -64,6 +64,10 @@ class ClusterSettings:
     #: Steps held unjudged per group before the oldest is judged early; bounds memory
     #: when a rank falls far behind.
     max_pending_steps: int = 64
+    #: The same bound in memory: pending slots of one coordinator core (one ingest shard)
+    #: beyond this many MiB have their oldest judged early. 73 B per rank x tensor x step,
+    #: so at 16k ranks x 128 tensors a step is 153 MiB and 64 steps would be 9.6 GiB.
+    max_pending_mb: float = 1024.0
     pause_timeout_s: float = 30.0
     export_timeout_s: float = 120.0
     #: A collective that live ranks have waited in this long, while a peer never entered
@@ -121,7 +125,7 @@ def parse_cluster(section: Mapping[str, Any] | None) -> ClusterSettings:
         elif key == "on_terminate":
             kw[key] = choice(fld, val, ON_TERMINATE)
         elif key in ("deadline_s", "pause_timeout_s", "export_timeout_s", "hang_timeout_s", "failure_settle_s",
-                     "teardown_window_s"):
+                     "teardown_window_s", "max_pending_mb"):
             kw[key] = positive_float(fld, val)
         elif key in ("flight_recorder_steps", "max_pending_steps"):
             kw[key] = positive_int(fld, val)

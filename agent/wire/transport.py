@@ -167,18 +167,29 @@ def stop_authenticator(ctx: zmq.Context) -> None:
         auth.stop()
 
 
-def _common_options(sock: zmq.Socket) -> None:
+def _common_options(sock: zmq.Socket, rcvhwm: int | None = None, sndhwm: int | None = None) -> None:
     sock.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES)
     # Ranks never wait on the wire: close drops what is queued after a short grace.
     sock.setsockopt(zmq.LINGER, 200)
+    # libzmq copies the high-water marks into each pipe when the pipe is made, and a bound
+    # socket's listener keeps the options it had at bind: set after bind/connect, they
+    # never reach the pipes that carry the traffic.
+    for opt, val, name in ((zmq.RCVHWM, rcvhwm, "rcvhwm"), (zmq.SNDHWM, sndhwm, "sndhwm")):
+        if val is not None:
+            if not isinstance(val, int) or isinstance(val, bool) or val < 0:
+                raise TransportError(f"{name}: expected a message count >= 0 (0 = no limit), got {val!r:.40}")
+            sock.setsockopt(opt, val)
 
 
-def bind_router(ctx: zmq.Context, endpoint: str, curve: CurveKeys | None = None) -> tuple[zmq.Socket, str]:
+def bind_router(ctx: zmq.Context, endpoint: str, curve: CurveKeys | None = None, *,
+                rcvhwm: int | None = None, sndhwm: int | None = None) -> tuple[zmq.Socket, str]:
     """Bind a ROUTER on ``endpoint``; return it and the endpoint actually bound
     (the real port when ``:0``/``:*`` was asked for).
 
     A non-local endpoint without ``curve`` (or without ``curve.allow_dir``) is refused:
     stats and control must never travel unauthenticated across a network.
+    ``rcvhwm``/``sndhwm``: queue limits in messages per peer (libzmq's default 1000 when
+    None), applied before the bind so they hold for every connection.
     """
     local = is_local(endpoint)
     if not local and curve is None:
@@ -187,7 +198,7 @@ def bind_router(ctx: zmq.Context, endpoint: str, curve: CurveKeys | None = None)
         raise TransportError(f"endpoint {endpoint!r}: CurveKeys.allow_dir is required for a CURVE server")
     sock = ctx.socket(zmq.ROUTER, socket_class=_CurveRouter if curve is not None else None)
     try:
-        _common_options(sock)
+        _common_options(sock, rcvhwm, sndhwm)
         # A peer that reconnects with its old identity (e.g. after a half-open TCP
         # connection) takes the route over; otherwise replies would go to a dead pipe.
         sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
@@ -210,24 +221,29 @@ def bind_router(ctx: zmq.Context, endpoint: str, curve: CurveKeys | None = None)
     return sock, bound
 
 
-def connect_dealer(ctx: zmq.Context, endpoint: str, identity: bytes, curve: CurveKeys | None = None) -> zmq.Socket:
+def connect_dealer(ctx: zmq.Context, endpoint: str, identity: bytes, curve: CurveKeys | None = None, *,
+                   sndhwm: int | None = None, heartbeat: bool = True) -> zmq.Socket:
     """Connect a DEALER with routing ``identity``; CURVE client when ``curve`` is given
     (required for a non-local endpoint, with ``curve.server_public``).
 
     ``IMMEDIATE`` is set so a send while the peer is unreachable fails with
     ``zmq.Again`` instead of queueing into a pipe that may never drain: callers use
-    that to spool or count a drop.
+    that to spool or count a drop. ``sndhwm``: the send queue limit in messages (0 = no
+    limit), set before connecting (see :func:`bind_router`). ``heartbeat=False``: no ZMTP
+    pings, for a sender without a spool: a peer that stops reading when its queue is full
+    also stops answering pings, and the connection dropped after the timeout takes the
+    frames in flight with it (a node agent replays them from its spool).
     """
-    sock = _dealer(ctx, endpoint, identity, curve)
+    sock = _dealer(ctx, endpoint, identity, curve, sndhwm, heartbeat)
     _connect(sock, endpoint)
     return sock
 
 
-def connect_watched_dealer(ctx: zmq.Context, endpoint: str, identity: bytes,
-                           curve: CurveKeys | None = None) -> tuple[zmq.Socket, "ConnectionWatch"]:
+def connect_watched_dealer(ctx: zmq.Context, endpoint: str, identity: bytes, curve: CurveKeys | None = None, *,
+                           sndhwm: int | None = None) -> tuple[zmq.Socket, "ConnectionWatch"]:
     """:func:`connect_dealer` plus a :class:`ConnectionWatch` attached *before* connecting,
     so the first handshake cannot happen before anyone listens for it."""
-    sock = _dealer(ctx, endpoint, identity, curve)
+    sock = _dealer(ctx, endpoint, identity, curve, sndhwm)
     watch = ConnectionWatch(sock)
     try:
         _connect(sock, endpoint)
@@ -237,7 +253,8 @@ def connect_watched_dealer(ctx: zmq.Context, endpoint: str, identity: bytes,
     return sock, watch
 
 
-def _dealer(ctx: zmq.Context, endpoint: str, identity: bytes, curve: CurveKeys | None) -> zmq.Socket:
+def _dealer(ctx: zmq.Context, endpoint: str, identity: bytes, curve: CurveKeys | None,
+            sndhwm: int | None = None, heartbeat: bool = True) -> zmq.Socket:
     if not isinstance(identity, bytes) or not identity:
         raise TransportError(f"identity: expected non-empty bytes, got {identity!r:.60}")
     if not is_local(endpoint) and curve is None:
@@ -246,15 +263,16 @@ def _dealer(ctx: zmq.Context, endpoint: str, identity: bytes, curve: CurveKeys |
         raise TransportError(f"endpoint {endpoint!r}: CurveKeys.server_public is required for a CURVE client")
     sock = ctx.socket(zmq.DEALER)
     try:
-        _common_options(sock)
+        _common_options(sock, sndhwm=sndhwm)
         sock.setsockopt(zmq.IDENTITY, identity)
         sock.setsockopt(zmq.IMMEDIATE, 1)
         sock.setsockopt(zmq.RECONNECT_IVL, 100)
         sock.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
         # ZMTP pings: a peer that vanished without closing TCP (host down, partition) is
         # noticed within seconds, so a spool rewinds before it counts frames as delivered.
-        sock.setsockopt(zmq.HEARTBEAT_IVL, 1000)
-        sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 3000)
+        if heartbeat:
+            sock.setsockopt(zmq.HEARTBEAT_IVL, 1000)
+            sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 3000)
         if curve is not None:
             sock.curve_secretkey = curve.secret
             sock.curve_publickey = curve.public

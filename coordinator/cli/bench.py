@@ -24,7 +24,10 @@ def main(argv: list[str]) -> int:
     ing.add_argument("--shards", type=int, default=1,
                      help="ingest shard actors of the coordinator (cluster.shards; default: %(default)s)")
     ing.add_argument("--paced-steps", type=int, default=10,
-                     help="clean steps sent one every 0.5 s, each timed from last frame to judged (default: %(default)s)")
+                     help="clean steps sent one every --pace-s, each timed from last frame to judged (default: %(default)s)")
+    ing.add_argument("--pace-s", type=float, default=0.5,
+                     help="seconds between paced steps: the step rate the coordinator must keep up with "
+                          "(default: %(default)s)")
     ing.add_argument("--export-dir", default=None, help="where incidents go (default: a temporary folder)")
     ing.add_argument("--scale", default=None, metavar="R1,R2,...",
                      help="one run per rank count (e.g. 8,64,256,1024), steps sized to --min-records; "
@@ -50,9 +53,12 @@ def main(argv: list[str]) -> int:
         check_shard_count(args.shards, "--shards")
     except ValueError as exc:
         ap.error(str(exc))
+    if not args.pace_s > 0:
+        ap.error(f"--pace-s {args.pace_s}: must be > 0 seconds")
     if args.fault_rank is not None and not 0 <= args.fault_rank < args.ranks:
         ap.error(f"--fault-rank {args.fault_rank} is not in [0, {args.ranks})")
     out = run_ingest(args.ranks, args.tensors, args.steps, nodes=args.nodes, fault_rank=args.fault_rank,
-                     export_dir=args.export_dir, shards=args.shards, paced=args.paced_steps, log=say)
+                     export_dir=args.export_dir, shards=args.shards, paced=args.paced_steps,
+                     pace_s=args.pace_s, log=say)
     print(json.dumps(out), flush=True)
     return 0 if out["correct"] else 1

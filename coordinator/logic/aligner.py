@@ -5,7 +5,8 @@ table, the step the slot, the rank the row and (name, call index) the column
 (:mod:`rankscope.coordinator.logic.columns`). A slot is released for judging once every live
 rank of its group has reported the step, or once ``deadline_s`` has passed since
 its first record (the missing ranks are then a finding), or when more than
-``max_pending_steps`` slots wait, so memory stays bounded when a rank falls behind.
+``max_pending_steps`` slots wait or they hold more than ``max_pending_mb`` (all groups of
+this aligner together), so memory stays bounded when a rank falls behind.
 Slots are released in step order, so detectors always see the earliest step first.
 Judged slots are dropped; the group keeps only the previous one (``prev``) for
 detectors that compare consecutive steps, plus whatever state a detector keeps.
@@ -41,6 +42,10 @@ class RankState(str, enum.Enum):
 
 
 LIVE_STATES = frozenset({RankState.EXPECTED, RankState.RUNNING, RankState.PAUSED})
+#: State -> small code, live states first, so one pass over a group's members yields
+#: both masks a tick needs (the tick runs 20 times a second over every rank).
+_CODE = {RankState.EXPECTED: 0, RankState.RUNNING: 1, RankState.PAUSED: 2, RankState.STALLED: 3,
+         RankState.LOST: 4, RankState.FINISHED: 5}
 
 
 @dataclass
@@ -95,6 +100,11 @@ class StepSlot:
     @property
     def shape(self) -> tuple[int, int]:
         return self.present.shape
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in (self.reported, self.token, self.present, self.exec, self.stats, self.nan,
+                                      self.inf, self.numel, self.crc))
 
     def grow(self, rows: int, cols: int) -> None:
         r0, c0 = self.shape
@@ -158,10 +168,16 @@ class Group:
         return np.fromiter((m.rank for m in self.members), np.int64, len(self.members))
 
     def paused_mask(self) -> np.ndarray:
-        return np.fromiter((m.state is RankState.PAUSED for m in self.members), bool, len(self.members))
+        return self.masks()[1]
 
     def live_mask(self) -> np.ndarray:
-        return np.fromiter((m.state in LIVE_STATES for m in self.members), bool, len(self.members))
+        return self.masks()[0]
+
+    def masks(self) -> tuple[np.ndarray, np.ndarray]:
+        """(live, paused) per member."""
+        code = _CODE
+        codes = np.fromiter((code[m.state] for m in self.members), np.int8, len(self.members))
+        return codes <= 2, codes == 2
 
     def newest_step(self) -> int:
         return max((m.last_step for m in self.members), default=-1)
@@ -332,30 +348,34 @@ class StepAligner:
     def ready(self, now: float, force: bool = False) -> list[tuple[Group, StepView]]:
         """Slots to judge now, oldest step first per group."""
         out: list[tuple[Group, StepView]] = []
+        held = self.pending_bytes()
+        max_bytes = self.settings.max_pending_mb * 2**20
         for grp in self.groups.values():
+            states = None
             while grp.slots:
                 step = min(grp.slots)
                 slot = grp.slots[step]
-                live = grp.live_mask()
+                live, paused = states = states or grp.masks()  # nobody's state changes in here
                 rows = slot.shape[0]
                 if rows < live.shape[0]:
                     slot.grow(live.shape[0], slot.shape[1])
                 missing = live & ~slot.reported[: live.shape[0]]
-                over = len(grp.slots) > self.settings.max_pending_steps
-                if missing.any() and (missing & grp.paused_mask()).any():
+                over = len(grp.slots) > self.settings.max_pending_steps or held > max_bytes
+                if missing.any() and (missing & paused).any():
                     # A paused rank is not late: the deadline restarts once nobody it waits for is paused.
                     slot.created = now
                 late = now - slot.created >= self.settings.deadline_s
                 if missing.any() and not (force or late or over):
                     break
                 del grp.slots[step]
+                held -= slot.nbytes
                 grp.judged_through = step
                 self.counters["steps_judged"] += 1
                 if missing.any():
                     self.counters["steps_by_deadline" if late else "steps_forced"] += 1
                 # A paused rank is never reported missing, even when the pending bound forces a judgement.
-                missing &= ~grp.paused_mask()
-                out.append((grp, self._view(grp, slot, live, missing, by_deadline=bool(missing.any()) and late)))
+                missing &= ~paused
+                out.append((grp, self._view(grp, slot, live.copy(), missing, by_deadline=bool(missing.any()) and late)))
         return out
 
     def _view(self, grp: Group, slot: StepSlot, live: np.ndarray, missing: np.ndarray,
@@ -374,3 +394,7 @@ class StepAligner:
 
     def pending_steps(self) -> int:
         return sum(len(g.slots) for g in self.groups.values())
+
+    def pending_bytes(self) -> int:
+        """Memory of the slots waiting to be judged (what ``max_pending_mb`` bounds)."""
+        return sum(s.nbytes for g in self.groups.values() for s in g.slots.values())

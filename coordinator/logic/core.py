@@ -297,6 +297,16 @@ class CoordinatorCore:
         """Every incident (open and final) as a dict, with its ``dir`` under the export dir."""
         return self.book.listing()
 
+    def max_lag(self) -> int:
+        """The largest gap, in steps, between a job's newest step and a live rank's: the
+        ``lag`` of :meth:`status` without building a row per rank."""
+        newest: dict[str, int] = {}
+        for (job, _), rec in self.aligner.ranks.items():
+            if rec.last_step > newest.get(job, -1):
+                newest[job] = rec.last_step
+        return max((newest[rec.job] - rec.last_step for rec in self.aligner.ranks.values()
+                    if rec.state in LIVE_STATES), default=0)
+
     def status(self) -> dict[str, Any]:
         now = self.clock()
         jobs: dict[str, Any] = {}

@@ -51,8 +51,8 @@ class _CoordinatorActor:
     def endpoint(self) -> str:
         return self._endpoint
 
-    def status(self) -> dict:
-        return self._svc.status()
+    def status(self, brief: bool = False) -> dict:
+        return self._svc.status(brief)
 
     def control(self, command: str, args: dict | None = None) -> dict:
         return self._svc.control(command, args)

@@ -185,8 +185,9 @@ class Coordinator:
     def endpoint(self, timeout: float = 30.0) -> str:
         return self._call("endpoint", timeout=timeout)
 
-    def status(self, timeout: float = 30.0) -> dict:
-        return self._call("status", timeout=timeout)
+    def status(self, timeout: float = 30.0, brief: bool = False) -> dict:
+        """``brief``: without the per-rank rows (cheap to poll on a large job)."""
+        return self._call("status", brief, timeout=timeout)
 
     def control(self, command: str, args: dict | None = None, timeout: float = 30.0) -> dict:
         """ValueError when the coordinator refuses the command or its arguments."""

@@ -32,6 +32,13 @@ CLOCK_PROBE_S = 5.0
 #: At most this many frames are drained before the loop runs ticks and calls again,
 #: so a flood of steps cannot starve detection or control.
 MAX_BURST = 2048
+#: Frames queued per connected agent before libzmq stops reading from it (its own send
+#: queue then fills and it spools): a step of every rank behind one agent must fit, and
+#: what is queued is this process's memory (~10 KB a frame of 128 records: 200 MB).
+RCVHWM = 20_000
+#: Frames queued to one agent before a send fails: with shards, the registration replies of
+#: every rank behind an agent go out in one tick, and libzmq's default 1000 dropped the rest.
+SNDHWM = 20_000
 
 
 @dataclass
@@ -207,10 +214,10 @@ class Frontend:
             bind_router,  # CURVE, MAXMSGSIZE, refuses non-local plaintext
         )
         self._ctx = zmq.Context()
-        self._sock, self.endpoint = bind_router(self._ctx, self.bind, curve=self.curve)
+        self._sock, self.endpoint = bind_router(self._ctx, self.bind, curve=self.curve, rcvhwm=RCVHWM,
+                                                 sndhwm=SNDHWM)
         # Fail loudly on unknown identities instead of dropping control silently.
         self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        self._sock.setsockopt(zmq.RCVHWM, 100_000)
 
     def _run(self) -> None:
         try:

@@ -11,7 +11,8 @@ Two phases, so each figure means one thing:
    ``records_per_s`` = records / (coordinator's last ingest - first send).
    Frames are encoded before the clock starts: the sender's cost is not the
    coordinator's.
-2. paced: ``PACED_STEPS`` clean steps, one every ``PACE_S``; per step, the time from
+2. paced: ``PACED_STEPS`` clean steps, one every ``pace_s`` (``--pace-s``, the step rate
+   the coordinator must keep up with); per step, the time from
    its last frame sent to the coordinator having judged it (when a fault in that step
    would be found): ``judge_latency_ms`` median and p99.
 3. detection: one more step in which ``--fault-rank`` has a NaN in a local gradient;
@@ -23,7 +24,9 @@ simulated node agent learns the shard map from its registration replies and send
 frame's records to their shard's socket, as a node agent does. Per shard: records/s
 (its records over its own first-to-last ingest) and peak memory (RSS of its process).
 
-The last line printed is JSON.
+``records_lost`` = records sent - records the coordinator took in, counted once they are
+all in or none arrived for ``STALL_S`` (0 unless frames were dropped on the way, or a
+shard stalled that long). The last line printed is JSON.
 """
 from __future__ import annotations
 
@@ -74,6 +77,8 @@ SYNC_EVERY = 4
 #: Phase 2: clean steps sent one every PACE_S, each timed from last frame to judged.
 PACED_STEPS = 10
 PACE_S = 0.5
+#: Phase 1 stops waiting for records that stopped coming (lost frames) after this long.
+STALL_S = 20.0
 
 
 def _learn_shards(sock: Any, n: int, timeout_s: float) -> dict | None:
@@ -106,8 +111,10 @@ def _sender(node: int, ranks: list[int], args: dict, endpoint: str, ready: Any, 
     seqs = {r: protocol.SeqCounter() for r in ranks}
     ident = f"agent:simnode{node}:{os.getpid()}".encode()
     ctx = zmq.Context()
-    sock = connect_dealer(ctx, endpoint, ident)
-    sock.setsockopt(zmq.SNDHWM, 0)  # phase 1 is a burst: let it queue, the clock is on the receiver
+    # Phase 1 is a burst: let it queue (no send limit), the clock is on the receiver. No
+    # ZMTP pings: a coordinator many steps behind stops reading (its queue is full) and
+    # would be taken for dead, and these senders have no spool to replay what that loses.
+    sock = connect_dealer(ctx, endpoint, ident, sndhwm=0, heartbeat=False)
     for r in ranks:
         sock.send(protocol.encode(protocol.Message(protocol.REGISTER, job, f"rank:{r}", seqs[r](), {
             "host": f"simnode{node}", "pid": 100000 + r, "claimed_rank": r, "assigned_rank": r,
@@ -116,9 +123,7 @@ def _sender(node: int, ranks: list[int], args: dict, endpoint: str, ready: Any, 
     smap = ShardMap.from_wire(shards) if shards else ShardMap(1)
     socks = [sock]
     if shards:
-        socks = [connect_dealer(ctx, ep, ident) for ep in shards["endpoints"]]
-        for s in socks:
-            s.setsockopt(zmq.SNDHWM, 0)
+        socks = [connect_dealer(ctx, ep, ident, sndhwm=0, heartbeat=False) for ep in shards["endpoints"]]
 
     def frames(s: int, fault: bool = False) -> list[tuple[Any, bytes]]:
         # What a node agent does with a rank's step: one frame per shard, its records only.
@@ -150,7 +155,7 @@ def _sender(node: int, ranks: list[int], args: dict, endpoint: str, ready: Any, 
         for sk, f in step_frames:
             sk.send(f)
         paced_sent.append((n1 + i, time.time()))
-        time.sleep(PACE_S)
+        time.sleep(args["pace_s"])
     sync.wait()
     for sk, f in phase2:
         sk.send(f)
@@ -160,7 +165,9 @@ def _sender(node: int, ranks: list[int], args: dict, endpoint: str, ready: Any, 
     # no bundle, so the incident is written at its export timeout.
     time.sleep(0.2)
     for sk in {id(s): s for s in [sock, *socks]}.values():
-        sk.close(linger=30_000)  # frames still queued (a large step) must reach the coordinator
+        # Frames still queued (a coordinator behind by many steps) must reach it: a shorter
+        # linger dropped them, which the coordinator then counted as lost.
+        sk.close(linger=int(args["timeout_s"] * 1000))
     ctx.term()
 
 
@@ -209,7 +216,7 @@ def _percentile(xs: list[float], q: float) -> float | None:
 
 def run_ingest(ranks: int, tensors: int, steps: int, *, nodes: int | None = None, fault_rank: int | None = None,
                export_dir: str | None = None, timeout_s: float = 300.0, shards: int = 1,
-               paced: int = PACED_STEPS, log=print) -> dict:
+               paced: int = PACED_STEPS, pace_s: float = PACE_S, log=print) -> dict:
     from rankscope.coordinator.server.client import Coordinator, connect_ray, disconnect_ray
 
     if steps < 2 or ranks < 1 or tensors < 3:
@@ -234,7 +241,7 @@ def run_ingest(ranks: int, tensors: int, steps: int, *, nodes: int | None = None
         go1, go2, results, sync = spawn.Event(), spawn.Event(), spawn.Queue(), spawn.Barrier(nodes)
         share = [list(range(ranks))[i::nodes] for i in range(nodes)]
         args = {"job": job, "tensors": tensors, "steps": steps, "ranks": ranks, "fault_rank": fault_rank,
-                "paced": paced}
+                "paced": paced, "pace_s": pace_s, "timeout_s": timeout_s}
         procs = [spawn.Process(target=_sender, args=(i, share[i], args, endpoint, ready[i], go1, go2, results, sync),
                                daemon=True) for i in range(nodes)]
         for p in procs:
@@ -245,8 +252,9 @@ def run_ingest(ranks: int, tensors: int, steps: int, *, nodes: int | None = None
         records1 = ranks * tensors * (steps - 1)
         log(f"bench ingest: {ranks} ranks x {tensors} tensors x {steps} steps via {nodes} simulated nodes -> {endpoint}")
         go1.set()
-        st = _wait(coord, lambda s: _ingested(s) >= records1, timeout_s,
-                   every=0.25)  # the figure uses the actor's own last-ingest time, not this poll
+        # The figure uses the actor's own last-ingest time, not this poll. Frames lost on
+        # the way would leave it short for ever: it gives up once nothing arrived for STALL_S.
+        st = _wait(coord, lambda s: _ingested(s) >= records1, timeout_s, every=0.25, stall=_ingested)
         judged_wait = _wait(coord, lambda s: (s.get("last_judged_step") or -1) >= steps - 2, 30.0,
                             must=False)
         go2.set()
@@ -260,7 +268,10 @@ def run_ingest(ranks: int, tensors: int, steps: int, *, nodes: int | None = None
         inc = min(incs, key=lambda i: i["detected_at_epoch"])
         last_wall = max(x["last_step_wall"] for x in st["shards"]) if "shards" in st else st["last_step_wall"]
         elapsed = last_wall - phase1_first
-        final = coord.status()
+        # Records still queued at a shard that is behind are not lost: wait until they are
+        # in (or stopped coming) before counting.
+        total = ranks * tensors * (steps + paced)
+        final = _wait(coord, lambda s: _ingested(s) >= total, timeout_s, every=0.25, stall=_ingested)
         fault_step = steps - 1 + paced
         walls = final.get("judged_walls") or []
         lat = []
@@ -280,7 +291,9 @@ def run_ingest(ranks: int, tensors: int, steps: int, *, nodes: int | None = None
                     "peak_rss_mb": None if peak is None else round(peak / 2**20, 1)}]
         out = {
             "ranks": ranks, "tensors": tensors, "steps": steps, "nodes": nodes, "shards": shards,
-            "records": ranks * tensors * (steps + paced),
+            "records": ranks * tensors * (steps + paced), "pace_s": pace_s,
+            # Sent against taken in: frames dropped anywhere on the way show up here.
+            "records_ingested": _ingested(final), "records_lost": ranks * tensors * (steps + paced) - _ingested(final),
             "records_per_s": round(records1 / elapsed, 1),
             "frames_per_s": round(ranks * (steps - 1) / elapsed, 1),
             "per_shard": per,
@@ -305,12 +318,22 @@ def run_ingest(ranks: int, tensors: int, steps: int, *, nodes: int | None = None
             disconnect_ray()
 
 
-def _wait(coord: Any, cond, timeout_s: float, must: bool = True, every: float = 0.05) -> dict | None:
+def _wait(coord: Any, cond, timeout_s: float, must: bool = True, every: float = 0.05,
+          stall: Any = None) -> dict | None:
+    """Poll the brief status until ``cond``; with ``stall`` (a progress measure of the
+    status), also return once it has not moved for STALL_S."""
     deadline = time.monotonic() + timeout_s
+    last, moved = None, time.monotonic()
     while True:
-        st = coord.status()
+        st = coord.status(brief=True)
         if cond(st):
             return st
+        if stall is not None:
+            now, seen = time.monotonic(), stall(st)
+            if seen != last:
+                last, moved = seen, now
+            elif now - moved > STALL_S:
+                return st
         if time.monotonic() > deadline:
             if must:
                 raise TimeoutError(f"bench: coordinator did not get there within {timeout_s}s: "

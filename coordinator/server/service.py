@@ -166,7 +166,7 @@ class CoordinatorService(Handlers):
             self._judged(self.core.tick(now))
         if now >= self._next_lag:  # lag needs every rank: once a second is plenty
             self._next_lag = now + 1.0
-            self.metrics.add(lag=self._lag(self.core.status()))
+            self.metrics.add(lag=float(self.core.max_lag()))
 
     def _judged(self, verdicts: list) -> None:
         """After tick/drain: perform the core's actions, update metrics."""
@@ -257,8 +257,22 @@ class CoordinatorService(Handlers):
         return (self.frontend.peers_for(job) if job else []) or list(self.frontend.peers)
 
     # --- operations (any thread) -------------------------------------------------------
-    def status(self) -> dict:
-        return self.frontend.call_sync(self._status)
+    def status(self, brief: bool = False) -> dict:
+        """``brief``: counters, progress and incidents only, without a row per rank (what a
+        poller needs; a full status of 16k ranks holds the ingest thread ~0.1 s)."""
+        return self.frontend.call_sync(self._brief if brief else self._status)
+
+    def _brief(self) -> dict:
+        counters = dict(self.core.aligner.counters)
+        return {
+            "endpoint": self.endpoint, "job": self.job, "pid": os.getpid(),
+            "last_judged_step": self.last_judged_step, "pending_steps": self.core.aligner.pending_steps(),
+            "judged_walls": list(self.judged_walls), "counters": counters, "incidents": self._incidents(),
+            "metrics": self.metrics.snapshot(), "frames_in": self.frontend.frames_in,
+            "rejected": dict(self.frontend.decoder.rejected), "duplicates": self.frontend.replay.duplicates,
+            "first_step_wall": self.frontend.first_step_wall, "last_step_wall": self.frontend.last_step_wall,
+            **(self._shard_status() if self.link is not None else {}),
+        }
 
     def _status(self) -> dict:
         core = self.core.status()

@@ -152,3 +152,21 @@ def test_random_array_objects_never_raise():
         e["b"]["cols"][col] = {k: rng.choice(atoms) for k in rng.sample(["d", "s", "b", "x"], rng.randint(0, 4))}
         assert dec.decode(msgpack.packb(e)) is None
     assert sum(dec.rejected.values()) == 3000
+
+
+@pytest.mark.parametrize("col, obj", [
+    ("stats", {"d": "<f8", "s": [3, 4.0], "b": b"\0" * 96}),  # a float dimension
+    ("stats", {"d": "<f8", "s": [4, 3], "b": b"\0" * 96}),  # right bytes, wrong shape
+    ("kinds", {"d": "|u1", "s": [True], "b": b"\0"}),  # a bool row count
+    ("kinds", {"d": "|u1", "s": [2], "b": b"\0\0"}),  # rows differ from the other columns
+    ("numel", {"d": "<i4", "s": [6], "b": b"\0" * 24}),  # right bytes, another dtype
+    ("kinds", {"d": "|u1", "s": [3], "b": b"\x63\0\0"}),  # a kind nobody knows
+])
+def test_step_columns_that_are_almost_right_are_rejected(col, obj):
+    # The decoder's fast path for well-formed steps must refuse exactly what the general checks refuse.
+    env = msgpack.unpackb(_valid_step(), raw=False, strict_map_key=False)
+    env["b"]["cols"][col] = obj
+    dec = Decoder()
+    assert dec.decode(msgpack.packb(env)) is None
+    assert sum(dec.rejected.values()) == 1
+    assert Decoder().decode(_valid_step()) is not None

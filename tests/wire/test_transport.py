@@ -8,7 +8,14 @@ import zmq
 from repo_paths import REPO
 
 from rankscope.wire.protocol import MAX_FRAME_BYTES
-from rankscope.wire.transport import CurveKeys, TransportError, bind_router, connect_watched_dealer, is_local
+from rankscope.wire.transport import (
+    CurveKeys,
+    TransportError,
+    bind_router,
+    connect_dealer,
+    connect_watched_dealer,
+    is_local,
+)
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -148,4 +155,46 @@ def test_a_frozen_peer_is_noticed_by_zmtp_heartbeats(tmp_path):
         os.kill(child.pid, signal.SIGCONT)
         child.kill()
         child.wait(10)
+        ctx.destroy(linger=0)
+
+
+def _queued_until_full(ctx: zmq.Context, ep: str, rcvhwm: int) -> int:
+    """Frames a dealer gets out to a router that never reads, until the queues are full."""
+    router, bound = bind_router(ctx, ep, rcvhwm=rcvhwm)
+    dealer = connect_dealer(ctx, bound, b"filler", sndhwm=10)
+    n = stuck = 0
+    try:
+        while stuck < 30:  # the I/O thread moves frames on asynchronously: give it time
+            try:
+                dealer.send(b"x" * 1024, zmq.NOBLOCK)
+                n, stuck = n + 1, 0
+            except zmq.Again:
+                stuck += 1
+                time.sleep(0.01)
+    finally:
+        dealer.close(0)
+        router.close(0)
+    return n
+
+
+def test_rcvhwm_holds_for_connections_made_after_the_bind(tmp_path):
+    # libzmq gives a bound socket's connections the options it had at bind time: a limit
+    # set afterwards left them at the default 1000 and frames beyond it were held back.
+    ctx = zmq.Context()
+    try:
+        small = _queued_until_full(ctx, f"ipc://{tmp_path}/a.sock", rcvhwm=100)
+        large = _queued_until_full(ctx, f"ipc://{tmp_path}/b.sock", rcvhwm=10_000)
+        assert large - small >= 8_000, (small, large)
+    finally:
+        ctx.destroy(linger=0)
+
+
+def test_bad_high_water_mark_is_refused():
+    ctx = zmq.Context()
+    try:
+        with pytest.raises(TransportError, match="rcvhwm"):
+            bind_router(ctx, "tcp://127.0.0.1:0", rcvhwm=-1)
+        with pytest.raises(TransportError, match="sndhwm"):
+            connect_dealer(ctx, "tcp://127.0.0.1:1", b"d", sndhwm=True)
+    finally:
         ctx.destroy(linger=0)

@@ -137,6 +137,24 @@ def test_pending_steps_stay_bounded_when_a_rank_falls_behind() -> None:
     assert [(v.detector, v.rank, v.step) for v in found] == [("progress", 3, 0)]
 
 
+def test_pending_memory_stays_bounded_when_a_rank_falls_behind() -> None:
+    # 4 ranks x 16 tensors: one slot is about 4.8 KB; a 0.02 MiB bound holds 4 of them.
+    clock = FakeClock()
+    core = CoordinatorCore({"max_pending_mb": 0.02, "detectors": {"progress": {"lag_steps": None}}}, clock=clock)
+    sim = SyntheticTraining(ranks=4, tensors=16, seed=3)
+    for r in range(4):
+        core.on_register(sim.job, r, {"world_size": 4})
+    found, held = [], []
+    for step in range(30):
+        for b in sim.batches(step)[:3]:  # rank 3 is stuck at step 0, still "running"
+            core.on_step(b)
+        found += core.tick()
+        held.append(core.aligner.pending_bytes())
+    assert max(held) <= 0.02 * 2**20 + held[0]  # never more than one slot beyond the bound
+    assert core.aligner.pending_steps() < 10
+    assert [(v.detector, v.rank, v.step) for v in found] == [("progress", 3, 0)]
+
+
 def test_lost_rank_is_no_longer_awaited() -> None:
     clock = FakeClock()
     core = CoordinatorCore({}, clock=clock)
@@ -238,3 +256,17 @@ def test_a_new_run_reusing_the_job_id_is_aligned_and_judged_from_scratch() -> No
             core.on_rank_finished(sim.job, r)
     assert [(v.detector, v.rank, v.step) for v in found] == [("nan_origin", 1, 2), ("nan_origin", 2, 2)]
     assert core.status()["counters"]["late_records"] == 0
+
+
+def test_max_lag_is_the_status_lag_of_the_furthest_behind_live_rank() -> None:
+    core = CoordinatorCore({})
+    t = [NameTable() for _ in range(4)]
+    for r in range(4):
+        core.on_register("j", r, {"world_size": 4})
+    for r, last in ((0, 5), (1, 2), (2, 4), (3, 0)):
+        for s in range(last + 1):
+            core.on_step(_batch(t[r], r, s, [("a", Kind.PARAM, 1.0)]))
+    core.on_rank_lost("j", 3, 0, 1, "killed")  # a lost rank lags for ever: not counted
+    lags = {int(r): v["lag"] for r, v in core.status()["jobs"]["j"]["ranks"].items()}
+    assert lags == {0: 0, 1: 3, 2: 1, 3: 5}
+    assert core.max_lag() == 3

@@ -32,6 +32,7 @@ def test_bench_ingest_flags_the_injected_rank_and_prints_json_last(capsys, tmp_p
     assert (out["flagged_rank"], out["flagged_step"], out["detector"]) == (5, 5, "nan_origin")
     assert out["records"] == 6 * 10 * 6 and out["records_per_s"] > 0 and out["detect_latency_ms"] >= 0
     assert out["rejected"] == {} and out["duplicates"] == 0
+    assert out["records_lost"] == 0 and out["records_ingested"] == out["records"]
     assert [s["shard"] for s in out["per_shard"]] == list(range(shards))
     assert sum(s["records"] for s in out["per_shard"]) == 6 * 10 * 6
     assert len(out["judge_latency_ms"]) == 2 and out["judge_latency_ms_p99"] >= out["judge_latency_ms_median"] > 0
