@@ -12,19 +12,9 @@ import pytest
 from node_harness import start_agent, start_rank, stop, wait_event
 
 from rankscope.coordinator.server.service import CoordinatorService
+from tests.sim_agent import wait_for
 
 pytestmark = pytest.mark.timeout(120)
-
-
-def _wait(cond, what: str, timeout_s: float = 60.0):
-    import time
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        got = cond()
-        if got:
-            return got
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 @pytest.mark.parametrize("dp_index", [True, False], ids=["job-wide-dp-index", "no-dp-index"])
@@ -55,8 +45,10 @@ def test_workers_on_two_hosts_all_claiming_rank0_get_ids_0_to_3_and_their_hosts(
         assert sorted(got.values()) == [0, 1, 2, 3], got
         if dp_index:
             assert got == {(host, dp): 2 * host + dp for host, dp in workers}, got
-        seen = _wait(lambda: (svc.status()["ranks"] if len(svc.status()["ranks"]) == 4 else None),
-                     "the coordinator to hear four ranks")
+        def four_ranks() -> dict | None:
+            ranks = svc.status()["ranks"]
+            return ranks if len(ranks) == 4 else None
+        seen = wait_for(four_ranks, timeout=60.0)
         hosts = {int(r): v["host"] for r, v in seen.items()}
         assert hosts == {rank: f"node{host}" for (host, _), rank in got.items()}, (hosts, got)
     finally:
