@@ -147,3 +147,14 @@ def test_installed_name_is_rankscope_only(tmp_path):
                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
     assert importlib.util.find_spec("rankscope") is not None
+
+
+def test_tests_starting_ray_in_process_run_before_the_auth_less_helm_test():
+    # Ray keeps a process's auth mode: once tests/deploy/test_helm.py has run a Ray without
+    # auth in this pytest process, a private Ray started in-process afterwards fails its
+    # GCS start. Pytest runs folders in name order, so such tests belong under tests/coordinator.
+    tests = Path(__file__).resolve().parent
+    late = [str(p.relative_to(tests)) for p in sorted(tests.rglob("test_*.py"))
+            if "ray.init(" in p.read_text(encoding="utf-8")
+            and str(p.relative_to(tests)) > "deploy" and p.name not in ("test_helm.py", "test_layout.py")]
+    assert not late, f"in-process Ray after tests/deploy (move them under tests/coordinator): {late}"

@@ -585,6 +585,9 @@ def test_rendered_head_sidecar_and_agent_run_together(chart, tmp_path, monkeypat
     pods = LocalPods(chart, tmp_path)
     # A fresh `ray start --head` in a pod has no token auth; a local ray.init() turns it on
     # when ~/.ray/auth_token exists, which the sidecar here (own HOME) would not have.
+    # Ray keeps a process's auth mode, so a private Ray started in this pytest process after
+    # this test would fail its GCS start: tests starting Ray in-process live under
+    # tests/coordinator, which runs before tests/deploy.
     monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
     with socketlib.socket() as s:
         s.bind(("127.0.0.1", 0))
