@@ -1,5 +1,9 @@
 """Ingest shards' logic alone: records/s per shard and memory per shard (run through
-``bench/coordinator_logic.py --shards 1,2,4``; see its docstring)."""
+``bench/coordinator_logic.py --shards 1,2,4``; see its docstring).
+
+Each shard gets what node agents send it: per step, its part of every rank's records,
+packed ``--ranks-per-node`` ranks to a frame (``1``: one frame per rank, as before
+packing) and handed to the shard's core a step at a time, as its front end does."""
 from __future__ import annotations
 
 import argparse
@@ -12,6 +16,7 @@ from rankscope.coordinator.logic.merge import VerdictMerge
 from rankscope.coordinator.logic.shard import ShardCore
 from rankscope.coordinator.logic.synthetic import SyntheticTraining
 from rankscope.wire.shards import ShardMap
+from rankscope.wire.step_pack import pack_message, parts_from_message
 
 #: Bytes one (rank, column) cell of one pending step costs in a StepSlot: present (1),
 #: exec/nan/inf/numel/crc (5 x 8), stats (4 x 8).
@@ -38,9 +43,7 @@ def _shard(sim, parts: list[list], shard: int, ranks: int, mem: bool) -> dict:
     findings = []
     for batches in parts:
         c0, t0 = time.process_time(), time.perf_counter()
-        on_step = core.on_step
-        for b in batches:
-            on_step(b)
+        core.on_steps(batches)
         findings.append(core.judge())
         wall, cpu = wall + time.perf_counter() - t0, cpu + time.process_time() - c0
         clock[0] += 0.01
@@ -73,7 +76,19 @@ def _window(sim, parts: list[list], ranks: int, window: int) -> float:
     return held / (ranks * len(core.aligner.keys[sim.job]) * core.aligner.pending_steps())
 
 
-def run(ranks: int, tensors: int, steps: int, shards: list[int], mem: bool) -> list[dict]:
+def _packed(batches: list, per_node: int) -> list:
+    """The batches as a shard takes them out of node agents' STEPS frames (packing is the
+    agents' work: done here before any clock starts)."""
+    if per_node <= 1:
+        return batches
+    out = []
+    for i in range(0, len(batches), per_node):
+        chunk = [(f"rank:{b.rank}", 0, b) for b in batches[i:i + per_node]]
+        out += [b for _, _, b in parts_from_message(pack_message(chunk[0][2].job, "node", 0, chunk))]
+    return out
+
+
+def run(ranks: int, tensors: int, steps: int, shards: list[int], mem: bool, per_node: int = 8) -> list[dict]:
     sim, stream = _stream(ranks, tensors, steps)
     results = []
     for k in shards:
@@ -81,7 +96,8 @@ def run(ranks: int, tensors: int, steps: int, shards: list[int], mem: bool) -> l
         t0 = time.perf_counter()
         split = [smap.split(b) for bs in stream for b in bs]
         split_s = time.perf_counter() - t0
-        per = [[[split[s * ranks + r][i] for r in range(ranks)] for s in range(steps)] for i in range(k)]
+        per = [[_packed([split[s * ranks + r][i] for r in range(ranks)], per_node) for s in range(steps)]
+               for i in range(k)]
         merge = VerdictMerge(k)
         rows = []
         for i in range(k):
@@ -95,7 +111,7 @@ def run(ranks: int, tensors: int, steps: int, shards: list[int], mem: bool) -> l
         verdicts = merge.release(force=True)
         total = sum(r["records"] for r in rows)
         results.append({
-            "shards": k, "ranks": ranks, "tensors": tensors, "steps": steps,
+            "shards": k, "ranks": ranks, "tensors": tensors, "steps": steps, "ranks_per_node": per_node,
             "per_shard_records_per_s": [round(r["records"] / r["wall"]) for r in rows],
             "per_shard_records_per_cpu_s": [round(r["records"] / r["cpu"]) for r in rows],
             "per_shard_columns": [r["columns"] for r in rows],
@@ -123,8 +139,11 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--shards", default="1,2,4", help="shard counts, comma separated (the first is the baseline)")
     ap.add_argument("--no-mem", action="store_true", help="skip the tracemalloc pass")
+    ap.add_argument("--ranks-per-node", type=int, default=8,
+                    help="ranks whose parts a node agent packs in one frame (1: a frame per rank)")
     args = ap.parse_args()
-    res = run(args.ranks, args.tensors, args.steps, [int(x) for x in args.shards.split(",")], not args.no_mem)
+    res = run(args.ranks, args.tensors, args.steps, [int(x) for x in args.shards.split(",")], not args.no_mem,
+              args.ranks_per_node)
     for r in res:
         print(f"{r['shards']} shard(s), {r['ranks']} ranks x {r['tensors']} tensors: per shard "
               f"{[f'{x:,}' for x in r['per_shard_records_per_s']]} rec/s wall, "

@@ -24,6 +24,7 @@ import zmq
 
 from rankscope.wire import protocol
 from rankscope.wire.protocol import Message
+from rankscope.wire.step_pack import parts_from_message
 from rankscope.wire.transport import CurveKeys, bind_router, stop_authenticator
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -45,6 +46,7 @@ class FakeCoordinator:
         self.replay = protocol.ReplayFilter()
         self.messages: list[Message] = []  # fresh (de-duplicated) messages, in arrival order
         self.peers: set[bytes] = set()
+        self.packs = 0  # STEPS frames taken apart
         self.sock: zmq.Socket | None = None
         self._seq = protocol.SeqCounter()
         self.open()
@@ -70,7 +72,14 @@ class FakeCoordinator:
                 return n
             self.peers.add(ident)
             msg = self.decoder.decode(frame)
-            if msg is not None and self.replay.fresh(f"{msg.job}|{msg.src}", msg.seq):
+            if msg is not None and msg.type == protocol.STEPS:
+                # A node agent's pack, taken apart as a shard does: each part a rank's own STEP.
+                self.packs += 1
+                for src, seq, b in parts_from_message(msg):
+                    if self.replay.fresh(f"{msg.job}|{src}", seq):
+                        self.messages.append(protocol.step_message(b, src, seq))
+                        n += 1
+            elif msg is not None and self.replay.fresh(f"{msg.job}|{msg.src}", msg.seq):
                 self.messages.append(msg)
                 n += 1
 

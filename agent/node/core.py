@@ -65,14 +65,14 @@ class NodeCore:
         self.decoder = protocol.Decoder(job=settings.job)
         self._updecoder = protocol.Decoder(job=None)
         self.forwarded, self.out = 0, Outbox()
-        # id(entry) -> (first seen dead, Lost, wall time of the death)
-        self._dying: dict[int, tuple[float, Lost, float]] = {}
+        self._dying: dict[int, tuple[float, Lost, float]] = {}  # id(entry) -> (first seen dead, Lost, wall time)
         self.exports = RecentExports(self.clock)
         self.held = HeldAnswers(settings.assign_wait_s if settings.coordinator else 0.0)
         self._next_liveness = self._next_status = 0.0
         self.job_config: dict | None = None  # as the coordinator greeted us; launch --agent asks
 
     def take(self) -> Outbox:
+        self.route.flush(self.out, self.src, self._seq)  # the parts routed since the last take, packed
         out, self.out = self.out, Outbox()
         return out
 

@@ -63,17 +63,31 @@ class NameLedger:
         return bool(self._owed)
 
     def attach(self, frame: bytes) -> bytes:
-        """The frame to send: unchanged, or a STEP carrying its rank's whole table."""
+        """The frame to send: unchanged, or a STEP carrying its rank's whole table (a
+        STEPS frame: each owed part carrying its rank's)."""
         if not self._owed:
             return frame
         msg = self._decoder.decode(frame)
-        if msg is None or msg.type != protocol.STEP:
+        if msg is None:
             return frame
-        key = f"{msg.job}|{msg.src}"
-        if key not in self._owed:
+        if msg.type == protocol.STEP:
+            if not self._pay(f"{msg.job}|{msg.src}", msg.body["new_names"]):
+                return frame
+        elif msg.type == protocol.STEPS:
+            # A list, not a generator: every owed part is paid, not only the first.
+            head = msg.body["parts"]
+            if not any([self._pay(f"{msg.job}|{src}", names) for src, names in zip(head["src"], head["names"])]):
+                return frame
+        else:
             return frame
-        self._owed.discard(key)
-        names = dict(self._names.get(key, {}))
-        names.update(msg.body["new_names"])
-        msg.body["new_names"] = names
         return encode(msg)
+
+    def _pay(self, key: str, new_names: dict) -> bool:
+        """Merge ``key``'s whole table into ``new_names`` if it is owed."""
+        if key not in self._owed:
+            return False
+        self._owed.discard(key)
+        sent = dict(new_names)
+        new_names.update(self._names.get(key, {}))
+        new_names.update(sent)  # what the frame itself says wins
+        return True

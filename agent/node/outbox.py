@@ -14,8 +14,8 @@ class Outbox:
     to_ranks: list[tuple[bytes, bytes]] = field(default_factory=list)
     up: list[tuple[bytes, Key | None]] = field(default_factory=list)
     up_volatile: list[bytes] = field(default_factory=list)
-    #: STEP parts for the ingest shards: (shard, frame, key), see :mod:`.shard_route`.
-    shards: list[tuple[int, bytes, Key]] = field(default_factory=list)
+    #: Packed STEP parts for the ingest shards: (shard, frame, every part's key), see :mod:`.shard_route`.
+    shards: list[tuple[int, bytes, list[Key]]] = field(default_factory=list)
     #: The coordinator's acknowledgements: {"job|src": seq} high-water marks.
     acks: list[dict] = field(default_factory=list)
 

@@ -4,9 +4,11 @@ A coordinator with several ingest shards answers each registration ("assigned") 
 shard map and one endpoint per shard. From the first such answer on, every STEP a rank
 sends is split by kind (:meth:`ShardMap.split`) and each shard gets its part -- an empty
 part too, because a shard decides on its own that rank r reported step s (see
-:mod:`rankscope.wire.shards`). The parts keep the rank's src and seq, so each shard's replay
-filter drops spool replays the way the verdict actor's does, and its acks name the same
-"job|src" keys. Each shard has its own :class:`Uplink` and spool (``<spool>/shard-<i>``): a
+:mod:`rankscope.wire.shards`). The parts routed to one shard in one turn of the agent's loop
+go in one STEPS frame (:mod:`rankscope.wire.step_pack`; the ranks of a node report a step
+together), each part keeping its rank's src and seq, so each shard's replay filter drops
+spool replays the way the verdict actor's does, and its acks name the same "job|src" keys
+(a pack is confirmed once every part's key is). Each shard has its own :class:`Uplink` and spool (``<spool>/shard-<i>``): a
 shard that was away gets exactly the frames it missed, and its acks trim only its spool.
 
 Everything else (registrations, heartbeats, losses, status, bundles) still goes to the
@@ -20,7 +22,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterator
 
 import zmq
 
@@ -31,9 +33,26 @@ from rankscope.node.uplink import Uplink
 from rankscope.wire import protocol
 from rankscope.wire.protocol import Message, encode
 from rankscope.wire.shards import ShardMap
+from rankscope.wire.step_pack import Part, pack_message
 from rankscope.wire.transport import CurveKeys
 
 log = logging.getLogger(__name__)
+
+#: Rows of one STEPS frame at most (~10 MB): a pack stays far below the frame cap.
+PACK_ROWS = 1 << 17
+
+
+def _chunks(parts: list[Part]) -> Iterator[list[Part]]:
+    chunk: list[Part] = []
+    rows = 0
+    for part in parts:
+        if chunk and rows + len(part[2]) > PACK_ROWS:
+            yield chunk
+            chunk, rows = [], 0
+        chunk.append(part)
+        rows += len(part[2])
+    if chunk:
+        yield chunk
 
 
 class ShardRouting:
@@ -49,6 +68,8 @@ class ShardRouting:
         #: Bumped when the endpoints change: the daemon then connects again.
         self.version = 0
         self.routed = 0  # steps split over the shards
+        #: Per shard, job -> parts routed and not yet packed: (src, seq, batch).
+        self._pending: list[dict[str, list[Part]]] = []
 
     @property
     def active(self) -> bool:
@@ -62,7 +83,7 @@ class ShardRouting:
         if wire is None:
             if self.map is not None:
                 log.warning("the coordinator no longer names ingest shards: steps go to it again")
-                self.map, self.endpoints, self.names = None, [], []
+                self.map, self.endpoints, self.names, self._pending = None, [], [], []
                 self.version += 1
             return True
         try:
@@ -81,6 +102,8 @@ class ShardRouting:
         if self.map is None or self.map.count != smap.count:
             self.map = smap
             self.names = [NameLedger() for _ in endpoints]
+            # Parts routed in this loop turn, before the new map came, still go out.
+            self._pending = [self._pending[i] if i < len(self._pending) else {} for i in range(len(endpoints))]
             for ledger in self.names:  # names sent before routing, owed to a shard that comes back
                 ledger.seed(self._all_names)
         log.info("routing steps to %d ingest shards: %s", smap.count, ", ".join(endpoints))
@@ -89,14 +112,26 @@ class ShardRouting:
         return True
 
     def step(self, frame: bytes, msg: Message, key: Key, out: Outbox) -> None:
-        """Queue one rank STEP: the frame itself for the verdict actor, or its parts for the shards."""
+        """Queue one rank STEP: the frame itself for the verdict actor, or its parts for
+        the shards (sent packed by :meth:`flush`)."""
         if self.map is None:
             out.up.append((frame, key))
             return
         for i, part in enumerate(self.map.split(protocol.step_from_message(msg))):
             self.names[i].note(key[0], part.new_names)
-            out.shards.append((i, encode(protocol.step_message(part, msg.src, msg.seq)), key))
+            self._pending[i].setdefault(msg.job, []).append((msg.src, msg.seq, part))
         self.routed += 1
+
+    def flush(self, out: Outbox, src: str, seq: Callable[[], int]) -> None:
+        """The parts queued since the last flush, one STEPS frame per shard and job (at most
+        PACK_ROWS rows each): a shard's cost is per frame, so the ranks of this node that
+        reported together reach it together."""
+        for i, jobs in enumerate(self._pending):
+            for job, parts in jobs.items():
+                for chunk in _chunks(parts):
+                    keys = [(f"{job}|{psrc}", pseq) for psrc, pseq, _ in chunk]
+                    out.shards.append((i, encode(pack_message(job, src, seq(), chunk)), keys))
+            jobs.clear()
 
     def retire(self, key: str) -> None:
         """The rank is gone: its tables are kept for replays, in every ledger alike."""
@@ -145,8 +180,8 @@ class ShardUplinks:
         for link, ledger in zip(self.links, self._names):
             link.rewrite = ledger.attach
 
-    def send(self, shard: int, frame: bytes, key: Key) -> None:
-        self.links[shard].send(frame, key)
+    def send(self, shard: int, frame: bytes, keys: list[Key]) -> None:
+        self.links[shard].send(frame, keys)
 
     def poll(self, burst: int = 1024) -> None:
         """Link changes (a shard back: it is owed every name table) and the shards' acks."""

@@ -28,7 +28,9 @@ from rankscope.wire.transport import CurveKeys, connect_watched_dealer
 
 log = logging.getLogger(__name__)
 
-Key = tuple[str, int]  # (src, seq) of a frame, for acknowledgements
+Key = tuple[str, int]  # ("job|src", seq) of a frame, for acknowledgements
+#: A frame's keys: one, or every part's of a packed frame (confirmed when all are acked).
+Keys = Key | list[Key]
 
 
 class Uplink:
@@ -44,9 +46,9 @@ class Uplink:
         # Sent, not yet confirmed: (start, position after the frame, send time, size).
         self._inflight: collections.deque[tuple[Pos, Pos, float, int]] = collections.deque()
         self._inflight_bytes = 0
-        # Start position -> (src, seq) of every unconfirmed frame appended in this run
+        # Start position -> the key(s) of every unconfirmed frame appended in this run
         # (frames left by an earlier run have none and are confirmed by age only).
-        self._keys: dict[Pos, Key] = {}
+        self._keys: dict[Pos, Keys] = {}
         self._acked: dict[str, int] = {}
         #: Called with each frame just before it is sent (the daemon re-attaches name
         #: tables after a reconnect); returns the frame to send.
@@ -60,7 +62,7 @@ class Uplink:
         return self.watch.connected
 
     # --- sending -------------------------------------------------------------------
-    def send(self, frame: bytes, key: Key | None = None) -> bool:
+    def send(self, frame: bytes, key: Keys | None = None) -> bool:
         """Queue a durable frame (spool first, then sent by :meth:`pump`). False when the
         spool is full and the frame was dropped."""
         pos = self.spool.append(frame)
@@ -139,7 +141,8 @@ class Uplink:
         while self._inflight:
             start, after, t, size = self._inflight[0]
             key = self._keys.get(start)
-            acked = key is not None and self._acked.get(key[0], -1) >= key[1]
+            acked = key is not None and (self._acked.get(key[0], -1) >= key[1] if type(key) is tuple
+                                         else all(self._acked.get(k, -1) >= q for k, q in key))
             if not (acked or now - t > self.replay_window_s or self._inflight_bytes > self.replay_bytes):
                 break
             self._inflight.popleft()

@@ -26,6 +26,7 @@ import msgpack
 import numpy as np
 
 from rankscope.wire.records import Kind, StepBatch
+from rankscope.wire.replay import ReplayFilter, SeqCounter  # noqa: F401 (their home was here)
 from rankscope.wire.sync import SyncPoint
 
 log = logging.getLogger(__name__)
@@ -40,6 +41,7 @@ BUNDLE_CHUNK_BYTES = 1024 * 1024
 REGISTER = "register"  # rank -> agent -> coordinator
 REGISTERED = "registered"  # agent -> rank: the id it must use
 STEP = "step"  # rank -> agent -> coordinator
+STEPS = "steps"  # agent -> ingest shard: several ranks' STEPs in one frame (wire.step_pack)
 HEARTBEAT = "heartbeat"  # rank -> agent -> coordinator
 RANK_LOST = "rank_lost"  # agent -> coordinator
 RANK_MAP = "rank_map"  # agent -> coordinator
@@ -73,6 +75,9 @@ SCHEMAS: dict[str, _Schema] = {
         "rank": (_INT, True), "step": (_INT, True), "token": (_INT, False),
         "wall_time": (_NUM, False), "new_names": ((dict,), True), "cols": ((dict,), True),
     },
+    # parts: per rank's STEP (one row each) its src, seq, rank, step, token, wall time,
+    # new names and row count (PART_COLUMNS); cols: the parts' columns one after the other.
+    STEPS: {"parts": ((dict,), True), "cols": ((dict,), True)},
     HEARTBEAT: {"rank": (_INT, True), "step": (_INT, True), "state": ((str,), True),
                 "pid": (_INT, False), "sync": ((dict, type(None)), False), "dropped": (_INT, False),
                 # started: the step the rank last began; hold_at: the step it was told to
@@ -110,6 +115,7 @@ _STEP_COLS: dict[str, tuple[str, int]] = {
     "stats": ("<f8", 2), "nan_count": ("<i8", 1), "inf_count": ("<i8", 1),
     "numel": ("<i8", 1), "crc32": ("<i8", 1),
 }
+STEP_COLUMNS = tuple(_STEP_COLS)
 
 
 class ProtocolError(ValueError):
@@ -243,7 +249,10 @@ class Decoder:
             raise ProtocolError("bad_body", "body is not a map")
         _check_body(mtype, body)
         if mtype == STEP:
-            _check_step(body)
+            _check_cols(body["cols"], "step")
+            _check_names(body["new_names"], "step")
+        elif mtype == STEPS:
+            _check_pack(body)
         elif mtype == CONTROL and body["command"] not in CONTROL_COMMANDS:
             raise ProtocolError("bad_field", f"control.command {body['command']!r}")
         elif mtype == STATUS and body["what"] == "watch":
@@ -295,12 +304,12 @@ _STEP_NAMES = frozenset(_STEP_COLS)
 _ARRAY_KEYS = frozenset({"d", "s", "b"})
 
 
-def _check_step(body: dict) -> None:
-    cols = body["cols"]
-    if cols.keys() != _STEP_NAMES:
-        raise ProtocolError("bad_field", f"step.cols has {sorted(map(str, cols))[:10]}")
+def _check_cols(cols: dict, what: str, specs: tuple = _STEP_SPECS, names: frozenset = _STEP_NAMES) -> int:
+    """Check columns in place (each becomes its array); returns the row count."""
+    if cols.keys() != names:
+        raise ProtocolError("bad_field", f"{what}.cols has {sorted(map(str, cols))[:10]}")
     n = -1
-    for name, dstr, dtype, tail in _STEP_SPECS:
+    for name, dstr, dtype, tail in specs:
         obj = cols[name]
         if type(obj) is dict and obj.keys() == _ARRAY_KEYS and obj["d"] == dstr \
                 and type(shape := obj["s"]) is list and type(raw := obj["b"]) is bytes:
@@ -309,25 +318,58 @@ def _check_step(body: dict) -> None:
             if len(shape) != 1 + len(tail) or type(shape[0]) is not int or shape[0] < 0 \
                     or (tail and (type(shape[1]) is not int or shape[1] != tail[0])) \
                     or len(raw) != dtype.itemsize * shape[0] * (tail[0] if tail else 1):
-                raise ProtocolError("bad_shape", f"step.cols.{name}: {len(raw)} bytes for {dstr}{shape!r:.40}")
+                raise ProtocolError("bad_shape", f"{what}.cols.{name}: {len(raw)} bytes for {dstr}{shape!r:.40}")
             arr = np.frombuffer(raw, dtype=dtype)
             if tail:
                 arr = arr.reshape(shape[0], *tail)
         else:
-            arr = decode_array(obj, f"step.cols.{name}")
+            arr = decode_array(obj, f"{what}.cols.{name}")
             if arr.dtype.str != dstr or arr.shape[1:] != tail or arr.ndim != 1 + len(tail):
-                raise ProtocolError("bad_shape", f"step.cols.{name}: {arr.dtype.str}{arr.shape}")
+                raise ProtocolError("bad_shape", f"{what}.cols.{name}: {arr.dtype.str}{arr.shape}")
         if n < 0:
             n = arr.shape[0]
         elif arr.shape[0] != n:
-            raise ProtocolError("bad_shape", f"step.cols.{name}: {arr.shape[0]} rows, want {n}")
+            raise ProtocolError("bad_shape", f"{what}.cols.{name}: {arr.shape[0]} rows, want {n}")
         cols[name] = arr
     # A kind the detectors do not know would make StepBatch.validate() fail downstream.
-    if n and int(cols["kinds"].max()) > _MAX_KIND:
-        raise ProtocolError("bad_field", f"step.cols.kinds: unknown kind {int(cols['kinds'].max())}")
-    for k, v in body["new_names"].items():
+    if n and specs is _STEP_SPECS and int(cols["kinds"].max()) > _MAX_KIND:
+        raise ProtocolError("bad_field", f"{what}.cols.kinds: unknown kind {int(cols['kinds'].max())}")
+    return n
+
+
+def _check_names(names: Any, what: str) -> None:
+    if type(names) is not dict:
+        raise ProtocolError("bad_field", f"{what}.new_names is not a map")
+    for k, v in names.items():
         if not isinstance(k, int) or isinstance(k, bool) or k < 0 or not isinstance(v, str):
-            raise ProtocolError("bad_field", "step.new_names must map int -> str")
+            raise ProtocolError("bad_field", f"{what}.new_names must map int -> str")
+
+
+#: A STEPS frame's per-part header columns (one row per part), besides src and names lists.
+PART_COLUMNS = {"seq": "<i8", "rank": "<i8", "step": "<i8", "token": "<i8", "wall": "<f8", "rows": "<i8"}
+_PART_SPECS = tuple((name, dstr, np.dtype(dstr), ()) for name, dstr in PART_COLUMNS.items())
+_PART_KEYS = frozenset(PART_COLUMNS)
+
+
+def _check_pack(body: dict) -> None:
+    rows = _check_cols(body["cols"], "steps")
+    parts = body["parts"]
+    src, names = parts.pop("src", None), parts.pop("names", None)
+    count = _check_cols(parts, "steps.parts", _PART_SPECS, _PART_KEYS)
+    parts["src"], parts["names"] = src, names
+    if type(src) is not list or len(src) != count or not all(type(x) is str for x in src):
+        raise ProtocolError("bad_field", f"steps.parts.src: expected {count} strings")
+    if type(names) is not list or len(names) != count:
+        raise ProtocolError("bad_field", f"steps.parts.names: expected {count} maps")
+    for table in names:
+        if table:
+            _check_names(table, "steps.parts")
+        elif type(table) is not dict:
+            raise ProtocolError("bad_field", "steps.parts.names: a table is not a map")
+    if count and (parts["seq"].min() < 0 or parts["rows"].min() < 0):
+        raise ProtocolError("bad_field", "steps.parts: negative seq or row count")
+    if int(parts["rows"].sum()) != rows:
+        raise ProtocolError("bad_shape", f"steps: parts hold {int(parts['rows'].sum())} rows, cols have {rows}")
 
 
 # --- StepBatch <-> message ---------------------------------------------------------
@@ -346,48 +388,6 @@ def step_from_message(msg: Message) -> StepBatch:
     return StepBatch(job=msg.job, rank=b["rank"], step=b["step"], new_names=dict(b["new_names"]),
                      token=b.get("token", -1), wall_time=float(b.get("wall_time", 0.0)),
                      **{name: cols[name] for name in _STEP_COLS})
-
-
-class SeqCounter:
-    """Per-sender sequence numbers. Not thread-safe: each sending thread owns its counter
-    (a sender's frames leave from one I/O thread, which also keeps them in order)."""
-
-    def __init__(self, start: int = 0) -> None:
-        self._next = start
-
-    def __call__(self) -> int:
-        n = self._next
-        self._next += 1
-        return n
-
-
-class ReplayFilter:
-    """Drops (src, seq) pairs already seen: spool replays after a coordinator restart
-    must not count twice. Keeps a high-water mark per sender plus a small window of
-    out-of-order seqs, so memory stays bounded."""
-
-    def __init__(self, window: int = 4096) -> None:
-        self.window = window
-        self._high: dict[str, int] = {}
-        self._recent: dict[str, set[int]] = collections.defaultdict(set)
-        self.duplicates = 0
-
-    def fresh(self, src: str, seq: int) -> bool:
-        high = self._high.get(src, -1)
-        recent = self._recent[src]
-        if seq <= high - self.window or seq in recent:
-            self.duplicates += 1
-            return False
-        recent.add(seq)
-        if seq > high:
-            self._high[src] = seq
-            if len(recent) > 2 * self.window:
-                floor = seq - self.window
-                self._recent[src] = {s for s in recent if s > floor}
-        return True
-
-    def state(self) -> dict[str, int]:
-        return dict(self._high)
 
 
 def ack_message(replay: ReplayFilter, seq: int, job: str = "", src: str = "coordinator") -> Message:

@@ -56,6 +56,14 @@ REPLICATED_KINDS = frozenset({Kind.PARAM, Kind.GRAD_REDUCED, Kind.OPT_STATE})
 PRE_REDUCTION_KINDS = frozenset({Kind.FORWARD, Kind.BACKWARD, Kind.GRAD_LOCAL, Kind.LOSS, Kind.SAVED})
 
 
+@dataclass(slots=True)
+class PackedRows:
+    """A part's rows begin at row ``start`` of ``cols`` (column name -> every part's rows)."""
+
+    cols: dict
+    start: int
+
+
 @dataclass
 class StepBatch:
     """All records of one rank for one step, column by column.
@@ -83,6 +91,9 @@ class StepBatch:
     #: token_range=[a, b]): a record named ``...forward.<n>`` is then token ``token + n``.
     token: int = -1
     wall_time: float = 0.0
+    #: Where the arrays are views of a packed frame's columns (wire.step_pack): the
+    #: receiver may then write several ranks' rows at once. None for a batch of its own.
+    packed: "PackedRows | None" = None
 
     def __len__(self) -> int:
         return int(self.name_ids.shape[0])

@@ -75,7 +75,7 @@ class ShardMap:
                 names = b.new_names
                 part = b
             else:
-                part = dataclasses.replace(b, **{a: getattr(b, a)[sel] for a in _ARRAYS})
+                part = dataclasses.replace(b, packed=None, **{a: getattr(b, a)[sel] for a in _ARRAYS})
                 names = self._names_for(b, part)
             out.append(part if names is part.new_names else dataclasses.replace(part, new_names=names))
         return out

@@ -18,7 +18,11 @@ def main(argv: list[str]) -> int:
     ing.add_argument("--ranks", type=int, default=256, help="simulated ranks (default: %(default)s)")
     ing.add_argument("--tensors", type=int, default=128, help="tensors per rank and step (default: %(default)s)")
     ing.add_argument("--steps", type=int, default=20, help="steps per rank (default: %(default)s)")
-    ing.add_argument("--nodes", type=int, default=None, help="simulated node agents (processes); default min(2, ranks)")
+    ing.add_argument("--nodes", type=int, default=None,
+                     help="sender processes, each playing node agents of --ranks-per-node ranks; default min(2, ranks)")
+    ing.add_argument("--ranks-per-node", type=int, default=8,
+                     help="ranks per simulated node agent: with --shards > 1 it packs their records per shard "
+                          "(default: %(default)s)")
     ing.add_argument("--fault-rank", type=int, default=None,
                      help="inject a divergence on this rank to time its detection (default: none)")
     ing.add_argument("--shards", type=int, default=1,
@@ -53,12 +57,14 @@ def main(argv: list[str]) -> int:
         check_shard_count(args.shards, "--shards")
     except ValueError as exc:
         ap.error(str(exc))
+    if args.ranks_per_node < 1:
+        ap.error(f"--ranks-per-node {args.ranks_per_node}: must be >= 1")
     if not args.pace_s > 0:
         ap.error(f"--pace-s {args.pace_s}: must be > 0 seconds")
     if args.fault_rank is not None and not 0 <= args.fault_rank < args.ranks:
         ap.error(f"--fault-rank {args.fault_rank} is not in [0, {args.ranks})")
     out = run_ingest(args.ranks, args.tensors, args.steps, nodes=args.nodes, fault_rank=args.fault_rank,
                      export_dir=args.export_dir, shards=args.shards, paced=args.paced_steps,
-                     pace_s=args.pace_s, log=say)
+                     pace_s=args.pace_s, ranks_per_node=args.ranks_per_node, log=say)
     print(json.dumps(out), flush=True)
     return 0 if out["correct"] else 1

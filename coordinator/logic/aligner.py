@@ -21,10 +21,11 @@ import numpy as np
 
 from rankscope.config.cluster import ClusterSettings
 from rankscope.coordinator.logic.columns import UNKNOWN, KeyTable, RankNames
-from rankscope.wire.records import NO_CRC, StepBatch
+from rankscope.coordinator.logic.packed_ingest import Run, ingest_whole, write_one
+from rankscope.coordinator.logic.slots import NO_EXEC, Layout, StepSlot, StepView  # noqa: F401 (NO_EXEC: home was here)
+from rankscope.wire.records import StepBatch
+from rankscope.wire.step_pack import StepPack
 from rankscope.wire.sync import SyncPoint
-
-NO_EXEC = np.iinfo(np.int64).max
 
 
 class RankState(str, enum.Enum):
@@ -68,89 +69,6 @@ class RankRecord:
     death: dict[str, Any] | None = None
     #: How the rank said it is watched (STATUS ``watch``: mode, how, reason), once.
     watch: dict[str, Any] | None = None
-
-
-@dataclass
-class Layout:
-    """Where one rank's batch lands in a slot, cached while its name ids repeat."""
-
-    raw: bytes
-    cols: Any  # slice or int64 array of columns
-    rows: np.ndarray | None  # batch rows kept (None = all)
-    width: int  # columns the slot needs
-    count: int
-    unknown: int
-
-
-class StepSlot:
-    """One step of one group. Rows are group positions, columns job-wide keys."""
-
-    def __init__(self, step: int, created: float, rows: int, cols: int) -> None:
-        self.step, self.created = step, created
-        self.reported = np.zeros(rows, bool)
-        self.token = np.full(rows, -1, np.int64)  # inference: decode/forward-call index per rank
-        self.present = np.zeros((rows, cols), bool)
-        self.exec = np.full((rows, cols), NO_EXEC, np.int64)
-        self.stats = np.full((rows, cols, 4), np.nan)
-        self.nan = np.zeros((rows, cols), np.int64)
-        self.inf = np.zeros((rows, cols), np.int64)
-        self.numel = np.zeros((rows, cols), np.int64)
-        self.crc = np.full((rows, cols), NO_CRC, np.int64)
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        return self.present.shape
-
-    @property
-    def nbytes(self) -> int:
-        return sum(a.nbytes for a in (self.reported, self.token, self.present, self.exec, self.stats, self.nan,
-                                      self.inf, self.numel, self.crc))
-
-    def grow(self, rows: int, cols: int) -> None:
-        r0, c0 = self.shape
-        rows, cols = max(rows, r0), max(cols, c0)
-        for attr, fill in (("present", False), ("exec", NO_EXEC), ("nan", 0), ("inf", 0),
-                           ("numel", 0), ("crc", NO_CRC)):
-            old = getattr(self, attr)
-            new = np.full((rows, cols), fill, old.dtype)
-            new[:r0, :c0] = old
-            setattr(self, attr, new)
-        stats = np.full((rows, cols, 4), np.nan)
-        stats[:r0, :c0] = self.stats
-        self.stats = stats
-        reported = np.zeros(rows, bool)
-        reported[:r0] = self.reported
-        self.reported = reported
-        token = np.full(rows, -1, np.int64)
-        token[:r0] = self.token
-        self.token = token
-
-
-@dataclass
-class StepView:
-    """What a detector judges: one step of one group, trimmed to its ranks and columns."""
-
-    job: str
-    group: str
-    step: int
-    ranks: np.ndarray  # (R,) rank id of each row
-    live: np.ndarray  # (R,) bool, ranks the step waited for
-    reported: np.ndarray  # (R,) bool
-    token: np.ndarray  # (R,) int64, -1 unless inference token capture
-    present: np.ndarray  # (R, K) bool
-    exec: np.ndarray  # (R, K) int64, NO_EXEC where absent
-    stats: np.ndarray  # (R, K, 4) Max/Min/Mean/Norm, NaN where absent
-    nan: np.ndarray
-    inf: np.ndarray
-    numel: np.ndarray
-    crc: np.ndarray
-    kind: np.ndarray  # (K,) int16 per column
-    keys: KeyTable
-    replicas_mode: bool = False
-    prev: "StepView | None" = None
-    missing: list[int] = field(default_factory=list)  # live ranks absent at judging
-    by_deadline: bool = False
-    cache: dict[str, Any] = field(default_factory=dict)  # values one detector computed for others
 
 
 class Group:
@@ -264,6 +182,48 @@ class StepAligner:
 
     # --- ingestion ----------------------------------------------------------------
     def ingest(self, b: StepBatch, now: float) -> None:
+        self.ingest_many([b], now)
+
+    def ingest_many(self, items: list[StepBatch | StepPack], now: float) -> None:
+        """Place each batch, in order. A pack (a node agent's parts) goes in at once when it
+        is the usual case (:func:`~.packed_ingest.ingest_whole`), else part by part; parts
+        landing in the same slot columns are written together either way."""
+        todo: list[StepBatch] = []
+        for item in items:
+            if type(item) is not StepPack:
+                todo.append(item)
+                continue
+            if todo:
+                self._ingest_each(todo, now)
+                todo = []
+            if not ingest_whole(self, item, now):
+                self._ingest_each(item.batches(), now)
+        if todo:
+            self._ingest_each(todo, now)
+
+    def _ingest_each(self, batches: list[StepBatch], now: float) -> None:
+        run: Run | None = None
+        for b in batches:
+            placed = self._place(b, now)
+            if placed is None:
+                continue
+            slot, p, layout = placed
+            pk = b.packed
+            n = layout.count
+            if pk is None or layout.rows is not None or type(layout.cols) is not slice or n != len(b):
+                write_one(slot, p, layout, b)
+                continue
+            if run is not None and not run.extends(slot, layout.cols, pk, n):
+                run.write()
+                run = None
+            if run is None:
+                run = Run(slot, layout.cols, pk.cols, pk.start, n)
+            run.rows.append(p)
+        if run is not None:
+            run.write()
+
+    def _place(self, b: StepBatch, now: float) -> tuple[StepSlot, int, Layout] | None:
+        """Bookkeeping for one batch; the slot, row and layout its records go to (None: nothing to write)."""
         rec = self.ranks.get((b.job, b.rank)) or self.rank(b.job, b.rank)
         table = self.keys.get(b.job)
         if table is None:
@@ -279,7 +239,7 @@ class StepAligner:
         grp = rec.group
         if b.step <= grp.judged_through:
             self.counters["late_records"] += n
-            return
+            return None
         slot = grp.slots.get(b.step)
         if slot is None:
             slot = grp.slots[b.step] = StepSlot(b.step, now, len(grp.members), max(len(table), 1))
@@ -289,7 +249,7 @@ class StepAligner:
         slot.reported[p] = True
         slot.token[p] = b.token
         if not n:
-            return
+            return None
         # A rank records the same names in the same order step after step: remember the
         # column layout of its last batch and reuse it while the ids are byte-identical.
         raw = b.name_ids.tobytes()
@@ -298,18 +258,10 @@ class StepAligner:
             layout = rec.layout = self._layout(rec, table, b, raw)
         if layout.width > slot.shape[1]:
             slot.grow(len(grp.members), len(table))
-        cols, rows = layout.cols, layout.rows
-        sel = (lambda a: a) if rows is None else (lambda a: a[rows])
-        slot.present[p, cols] = True
-        slot.exec[p, cols] = sel(b.exec_index)
-        slot.stats[p, cols] = sel(b.stats)
-        slot.nan[p, cols] = sel(b.nan_count)
-        slot.inf[p, cols] = sel(b.inf_count)
-        slot.numel[p, cols] = sel(b.numel)
-        slot.crc[p, cols] = sel(b.crc32)
         self.counters["records"] += layout.count
         if layout.unknown:
             self.counters["unknown_name_records"] += layout.unknown
+        return slot, p, layout
 
     @staticmethod
     def note_step(rec: RankRecord, step: int, now: float) -> None:
@@ -398,3 +350,4 @@ class StepAligner:
     def pending_bytes(self) -> int:
         """Memory of the slots waiting to be judged (what ``max_pending_mb`` bounds)."""
         return sum(s.nbytes for g in self.groups.values() for s in g.slots.values())
+

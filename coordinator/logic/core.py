@@ -37,6 +37,7 @@ from rankscope.coordinator.logic.stops import stop_of
 from rankscope.coordinator.logic.verdict import Verdict
 from rankscope.wire.layout import rank_from_wire
 from rankscope.wire.records import StepBatch
+from rankscope.wire.step_pack import StepPack
 from rankscope.wire.sync import SyncPoint
 
 log = logging.getLogger(__name__)
@@ -85,14 +86,18 @@ class CoordinatorCore:
             return
         self.aligner.ingest(batch, self.clock())
 
-    def on_steps(self, batches: list[StepBatch]) -> None:
-        now = self.clock()
-        ingest = self.aligner.ingest
+    def on_steps(self, batches: list[StepBatch | StepPack]) -> None:
+        ranked: list[StepBatch | StepPack] = []
         for b in batches:
-            if rank_from_wire(b.rank) is None:
-                self.aligner.counters["unranked_batches"] += 1
+            if type(b) is StepPack and all(rank_from_wire(r) is not None for r in b.ranks):
+                ranked.append(b)
                 continue
-            ingest(b, now)
+            for part in (b.batches() if type(b) is StepPack else (b,)):
+                if rank_from_wire(part.rank) is None:  # a probe that never learned its rank: nothing to align it with
+                    self.aligner.counters["unranked_batches"] += 1
+                else:
+                    ranked.append(part)
+        self.aligner.ingest_many(ranked, self.clock())
 
     def on_progress(self, job: str, steps: dict[int, int]) -> None:
         """Ranks' newest reported steps, as an ingest shard saw them (this core then

@@ -22,6 +22,10 @@ class StepRanges:
         self._hi: list[int] = []
 
     def add(self, step: int) -> None:
+        hi = self._hi
+        if hi and hi[-1] == step - 1 and step > 0:  # the next step, the usual case
+            hi[-1] = step
+            return
         i = bisect.bisect_right(self._lo, step) - 1
         if i >= 0 and self._lo[i] <= step <= self._hi[i]:
             return
@@ -91,9 +95,13 @@ class Coverage:
         return self._ranks.setdefault((job, rank), RankCoverage())
 
     def judged(self, job: str, step: int, ranks: Iterable[int]) -> None:
-        """A step was judged with these ranks' records in it."""
+        """A step was judged with these ranks' records in it (every step, every rank: kept lean)."""
+        known = self._ranks
         for r in ranks:
-            self._rank(job, int(r)).judged.add(step)
+            rc = known.get((job, r))
+            if rc is None:
+                rc = known[(job, int(r))] = RankCoverage()
+            rc.judged.add(step)
 
     def dropped(self, job: str, rank: int, steps: int) -> None:
         """The rank says it has dropped this many steps so far (a running total)."""

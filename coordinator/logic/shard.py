@@ -17,6 +17,7 @@ from rankscope.config.cluster import ClusterSettings
 from rankscope.coordinator.logic.core import CoordinatorCore
 from rankscope.coordinator.logic.verdict import Verdict
 from rankscope.wire.records import StepBatch
+from rankscope.wire.step_pack import StepPack
 
 
 @dataclass
@@ -67,11 +68,14 @@ class ShardCore(CoordinatorCore):
         #: died, so a rank missing from them is no finding, until a step comes in whole.
         self.resumed = False
 
-    def on_steps(self, batches: list[StepBatch]) -> None:
+    def on_steps(self, batches: list[StepBatch | StepPack]) -> None:
         super().on_steps(batches)
         if self.shard == 0:
             for b in batches:
-                self._progress.setdefault(b.job, {})[b.rank] = b.step
+                if type(b) is StepPack:
+                    self._progress.setdefault(b.job, {}).update(zip(b.ranks, b.steps))
+                else:
+                    self._progress.setdefault(b.job, {})[b.rank] = b.step
 
     def on_step(self, batch: StepBatch) -> None:
         self.on_steps([batch])

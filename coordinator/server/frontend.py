@@ -5,9 +5,10 @@ connection. The thread is the only one touching the socket and the logic core, s
 neither needs a lock: other threads (Ray method calls) hand work in through
 :meth:`Frontend.call`, which runs a function on the loop thread between polls.
 
-Ingest cost is per *frame* (one rank-step, columnar), never per tensor: frames are
-drained in bursts, validated by ``protocol.Decoder``, de-duplicated by
-``ReplayFilter`` and the resulting StepBatches are handed to the core together.
+Ingest cost is per *frame* (one rank-step, or a node agent's pack of them: STEPS), never
+per tensor: frames are drained in bursts, validated by ``protocol.Decoder``, de-duplicated
+by ``ReplayFilter`` (a pack part by part) and the resulting StepBatches are handed to the
+core together.
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ import zmq
 from rankscope.coordinator.server.clock import ClockOffset
 from rankscope.wire import protocol
 from rankscope.wire.protocol import Message
+from rankscope.wire.step_pack import StepPack
 
 log = logging.getLogger(__name__)
 
@@ -76,11 +78,14 @@ class Handlers:
 class Frontend:
     def __init__(self, handlers: Handlers, bind: str = "tcp://127.0.0.1:0", *, curve: Any = None,
                  job: str | None = None, tick_s: float = 0.05, ack_s: float = 0.5,
-                 clock_probes: bool = True) -> None:
+                 clock_probes: bool = True, whole_packs: bool = False) -> None:
         """``clock_probes``: measure each agent's clock offset (a front end that moves no
-        agent times onto its clock, an ingest shard's, asks for none)."""
+        agent times onto its clock, an ingest shard's, asks for none). ``whole_packs``: hand
+        a STEPS frame's parts on as one :class:`StepPack` (an ingest shard's core takes
+        them whole), not as a StepBatch each."""
         self.handlers = handlers
         self.clock_probes = clock_probes
+        self.whole_packs = whole_packs
         self.ack_s = ack_s
         self.bind = bind
         self.curve = curve
@@ -269,8 +274,10 @@ class Frontend:
             msg = decode(parts[-1])
             if msg is None:
                 continue
+            packed = msg.type == protocol.STEPS
             key = f"{msg.job}|{msg.src}"
-            if not fresh(key, msg.seq):
+            # A STEPS frame is de-duplicated part by part: each part is a rank's own STEP.
+            if not (packed or fresh(key, msg.seq)):
                 continue
             ident = parts[0]
             peer = self.peers.get(ident)
@@ -278,9 +285,12 @@ class Frontend:
                 peer = self.peers[ident] = Peer(ident, now)
                 self._greet(peer)
             peer.last_seen = now
+            peer.unacked = True
+            if packed:
+                self._take_pack(msg, peer, steps)
+                continue
             if msg.seq > peer.high.get(key, -1):
                 peer.high[key] = msg.seq
-            peer.unacked = True
             if msg.type == protocol.STATUS and msg.body["what"] == "clock":
                 d = msg.body.get("detail") or {}
                 if isinstance(d.get("t1"), (int, float)) and isinstance(d.get("t2"), (int, float)):
@@ -300,6 +310,24 @@ class Frontend:
                 self._guard(self.handlers.on_message, msg, peer)
         if steps:
             self._steps(steps)
+
+    def _take_pack(self, msg: Message, peer: Peer, steps: list) -> None:
+        pack = StepPack(msg)
+        fresh, high, ranks, job = self.replay.fresh, peer.high, peer.ranks, msg.job
+        kept = []
+        for i, (src, seq, rank) in enumerate(zip(pack.src, pack.seq, pack.ranks)):
+            key = f"{job}|{src}"
+            if not fresh(key, seq):
+                continue
+            if seq > high.get(key, -1):
+                high[key] = seq
+            kept.append(i)
+            ranks.add((job, rank))
+        if self.whole_packs and len(kept) == len(pack.ranks):
+            steps.append(pack)
+        else:  # parts already taken (a replay) are dropped one by one
+            parts = pack.batches()
+            steps += [parts[i] for i in kept]
 
     def _steps(self, steps: list) -> None:
         wall = time.time()

@@ -1,9 +1,9 @@
 """The ingest benchmark behind ``rankscope bench ingest``: records/s into a real coordinator
 actor, and detection latency.
 
-Simulated ranks run in separate processes (``--nodes`` of them, each playing one
-node agent with its share of the ranks, as in a real cluster) and send real wire
-frames over real ZeroMQ sockets into a real coordinator Ray actor.
+Simulated ranks run in separate processes (``--nodes`` of them), each playing node agents
+of ``--ranks-per-node`` ranks (8, an 8-accelerator server) as in a real cluster, and send
+real wire frames over real ZeroMQ sockets into a real coordinator Ray actor.
 
 Two phases, so each figure means one thing:
 
@@ -20,9 +20,12 @@ Two phases, so each figure means one thing:
    that step sent.
 
 With ``shards`` > 1 the coordinator is K ingest shard actors and a verdict actor: each
-simulated node agent learns the shard map from its registration replies and sends each
-frame's records to their shard's socket, as a node agent does. Per shard: records/s
-(its records over its own first-to-last ingest) and peak memory (RSS of its process).
+simulated node agent learns the shard map from its registration replies and sends, per step
+and shard, one packed frame (wire.step_pack) with its ranks' records of that shard, as a
+node agent does. Per shard: records/s (its records over its own first-to-last ingest),
+records per CPU-second of its process (on a machine with fewer cores than shards plus
+senders, wall-clock rates measure the sharing; this one the shard's own cost), frames
+taken in, and peak memory (RSS of its process).
 
 ``records_lost`` = records sent - records the coordinator took in, counted once they are
 all in or none arrived for ``STALL_S`` (0 unless frames were dropped on the way, or a
@@ -41,6 +44,7 @@ import numpy as np
 
 from rankscope.wire import protocol
 from rankscope.wire.records import Kind, StepBatch
+from rankscope.wire.step_pack import pack_message
 
 #: Kinds of the simulated tensors, in execution order after the loss.
 _CYCLE = (Kind.FORWARD, Kind.PARAM, Kind.GRAD_LOCAL, Kind.GRAD_REDUCED, Kind.OPT_STATE)
@@ -79,6 +83,8 @@ PACED_STEPS = 10
 PACE_S = 0.5
 #: Phase 1 stops waiting for records that stopped coming (lost frames) after this long.
 STALL_S = 20.0
+#: Ranks per simulated node agent (an 8-accelerator server).
+RANKS_PER_NODE = 8
 
 
 def _learn_shards(sock: Any, n: int, timeout_s: float) -> dict | None:
@@ -125,14 +131,27 @@ def _sender(node: int, ranks: list[int], args: dict, endpoint: str, ready: Any, 
     if shards:
         socks = [connect_dealer(ctx, ep, ident, sndhwm=0, heartbeat=False) for ep in shards["endpoints"]]
 
+    per_agent = args["ranks_per_node"]
+    agents = [ranks[i:i + per_agent] for i in range(0, len(ranks), per_agent)]
+    pack_seq = protocol.SeqCounter()
+
     def frames(s: int, fault: bool = False) -> list[tuple[Any, bytes]]:
-        # What a node agent does with a rank's step: one frame per shard, its records only.
+        # What a node agent does with its ranks' step: to one coordinator, each rank's frame
+        # as it is; to K shards, one frame per shard with its ranks' records of that shard.
         out = []
-        for r in ranks:
-            b = simulated_batch(job, r, s, tensors, rng, fault=fault and r == args["fault_rank"])
-            seq = seqs[r]()
-            out += [(sk, protocol.encode(protocol.step_message(part, f"rank:{r}", seq)))
-                    for sk, part in zip(socks, smap.split(b))]
+        for a, group in enumerate(agents):
+            parts: list[list] = [[] for _ in socks]
+            for r in group:
+                b = simulated_batch(job, r, s, tensors, rng, fault=fault and r == args["fault_rank"])
+                seq = seqs[r]()
+                if not shards:
+                    out.append((sock, protocol.encode(protocol.step_message(b, f"rank:{r}", seq))))
+                    continue
+                for i, part in enumerate(smap.split(b)):
+                    parts[i].append((f"rank:{r}", seq, part))
+            if shards:
+                src = f"agent:simnode{node}-{a}"
+                out += [(sk, protocol.encode(pack_message(job, src, pack_seq(), p))) for sk, p in zip(socks, parts)]
         return out
 
     n1, paced = steps - 1, args["paced"]
@@ -216,7 +235,8 @@ def _percentile(xs: list[float], q: float) -> float | None:
 
 def run_ingest(ranks: int, tensors: int, steps: int, *, nodes: int | None = None, fault_rank: int | None = None,
                export_dir: str | None = None, timeout_s: float = 300.0, shards: int = 1,
-               paced: int = PACED_STEPS, pace_s: float = PACE_S, log=print) -> dict:
+               paced: int = PACED_STEPS, pace_s: float = PACE_S, ranks_per_node: int = RANKS_PER_NODE,
+               log=print) -> dict:
     from rankscope.coordinator.server.client import Coordinator, connect_ray, disconnect_ray
 
     if steps < 2 or ranks < 1 or tensors < 3:
@@ -241,7 +261,7 @@ def run_ingest(ranks: int, tensors: int, steps: int, *, nodes: int | None = None
         go1, go2, results, sync = spawn.Event(), spawn.Event(), spawn.Queue(), spawn.Barrier(nodes)
         share = [list(range(ranks))[i::nodes] for i in range(nodes)]
         args = {"job": job, "tensors": tensors, "steps": steps, "ranks": ranks, "fault_rank": fault_rank,
-                "paced": paced, "pace_s": pace_s, "timeout_s": timeout_s}
+                "paced": paced, "pace_s": pace_s, "timeout_s": timeout_s, "ranks_per_node": ranks_per_node}
         procs = [spawn.Process(target=_sender, args=(i, share[i], args, endpoint, ready[i], go1, go2, results, sync),
                                daemon=True) for i in range(nodes)]
         for p in procs:
@@ -250,7 +270,9 @@ def run_ingest(ranks: int, tensors: int, steps: int, *, nodes: int | None = None
             if not ev.wait(timeout_s):
                 raise TimeoutError("simulated nodes did not get ready (encoding frames)")
         records1 = ranks * tensors * (steps - 1)
-        log(f"bench ingest: {ranks} ranks x {tensors} tensors x {steps} steps via {nodes} simulated nodes -> {endpoint}")
+        log(f"bench ingest: {ranks} ranks x {tensors} tensors x {steps} steps from {nodes} processes "
+            f"(node agents of {ranks_per_node} ranks) -> {endpoint}")
+        st0 = coord.status(brief=True)
         go1.set()
         # The figure uses the actor's own last-ingest time, not this poll. Frames lost on
         # the way would leave it short for ever: it gives up once nothing arrived for STALL_S.
@@ -283,8 +305,11 @@ def run_ingest(ranks: int, tensors: int, steps: int, *, nodes: int | None = None
         if "shards" in final:
             # Throughput from phase 1 alone (its status), memory at the end.
             per = [{"shard": x["shard"], "node": x.get("node"), "records": y["records"],
-                    "records_per_s": x["records_per_s"], "peak_rss_mb": round(y["peak_rss_bytes"] / 2**20, 1)}
-                   for x, y in zip(st["shards"], final["shards"])]
+                    "records_per_s": x["records_per_s"],
+                    "records_per_cpu_s": round((x["records"] - w["records"]) / max(x["cpu_s"] - w["cpu_s"], 1e-9)),
+                    "frames_in": y["frames_in"], "rejected": y["rejected"], "duplicates": y["duplicates"],
+                    "peak_rss_mb": round(y["peak_rss_bytes"] / 2**20, 1)}
+                   for w, x, y in zip(st0["shards"], st["shards"], final["shards"])]
         else:
             peak = _peak_rss(final["pid"])
             per = [{"shard": 0, "records": _ingested(final), "records_per_s": round(records1 / elapsed, 1),

@@ -34,6 +34,7 @@ import ray
 from rankscope.coordinator.server.frontend import Frontend, Handlers, Peer
 from rankscope.wire.layout import rank_from_wire
 from rankscope.wire.protocol import Message
+from rankscope.wire.step_pack import named_parts, record_count
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +60,14 @@ def _peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
+def _cpu_s() -> float:
+    """CPU time of this process so far: what a shard's work costs on a machine whose cores
+    it shares (wall-clock rates there measure the sharing)."""
+    import resource
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return ru.ru_utime + ru.ru_stime
+
+
 class ShardService(Handlers):
     """One shard: its front end, its core, and the push of findings to the verdict actor."""
 
@@ -71,7 +80,8 @@ class ShardService(Handlers):
         from rankscope.coordinator.logic.shard import ShardCore
         self.index = index
         self.core = ShardCore(parse_cluster(cluster), shard=index)
-        self.frontend = Frontend(self, bind, job=job, tick_s=tick_s, curve=curve, clock_probes=False)
+        self.frontend = Frontend(self, bind, job=job, tick_s=tick_s, curve=curve, clock_probes=False,
+                                 whole_packs=True)
         self._verdict = verdict  # the verdict actor's handle
         self._judged: dict[str, int] = {}
         self._next_feed = 0
@@ -98,13 +108,13 @@ class ShardService(Handlers):
             if len(self._held) < MAX_HELD_BATCHES:
                 self._held.append(batches)
             return
-        if self._names_out is not None and any(b.new_names for b in batches):
-            for b in batches:
-                if b.new_names and rank_from_wire(b.rank) is not None:
-                    self._names_out.write(json.dumps([b.job, b.rank, b.new_names]) + "\n")
-            self._names_out.flush()
+        if self._names_out is not None:
+            named = [[job, rank, names] for job, rank, names in named_parts(batches) if rank_from_wire(rank) is not None]
+            if named:
+                self._names_out.write("".join(json.dumps(x) + "\n" for x in named))
+                self._names_out.flush()
         self.core.on_steps(batches)
-        n = sum(len(b) for b in batches)
+        n = record_count(batches)
         self.records += n
         wall = time.time()
         self.first_wall = self.first_wall or wall
@@ -181,7 +191,9 @@ class ShardService(Handlers):
                 "kinds": None, "records": self.records, "first_step_wall": self.first_wall,
                 "last_step_wall": self.last_wall, "records_per_s": round(self.records / span) if span > 0 else None,
                 "pending_steps": self.core.aligner.pending_steps(), "counters": dict(self.core.aligner.counters),
-                "rss_bytes": _rss_bytes(), "peak_rss_bytes": _peak_rss_bytes(),
+                "rss_bytes": _rss_bytes(), "peak_rss_bytes": _peak_rss_bytes(), "cpu_s": _cpu_s(),
+                "frames_in": self.frontend.frames_in, "rejected": dict(self.frontend.decoder.rejected),
+                "duplicates": self.frontend.replay.duplicates,
                 "judged": {g.label: g.judged_through for g in self.core.aligner.groups.values()},
                 "restarted": bool(self.restarts), "resynced": self._held is None,
                 "waiting_for": self._waiting_for()}

@@ -8,10 +8,13 @@ import zmq
 from test_node_core import make, register
 
 from rankscope.coordinator.server.frontend import Frontend, Handlers
+from rankscope.node.name_ledger import NameLedger
+from rankscope.node.outbox import Outbox
 from rankscope.node.shard_route import ShardRouting, ShardUplinks
 from rankscope.wire import protocol
 from rankscope.wire.protocol import Message, encode
 from rankscope.wire.records import Kind, NameTable, StepBatchBuilder
+from rankscope.wire.step_pack import parts_from_message
 from tests.sim_agent import wait_for
 
 EPS = ["tcp://127.0.0.1:7001", "tcp://127.0.0.1:7002"]
@@ -48,20 +51,61 @@ def test_a_step_is_split_by_kind_with_its_src_and_seq_and_every_shard_gets_a_par
     out = core.take()
     assert out.up == []  # no step goes to the verdict actor
     dec = protocol.Decoder()
-    parts = [(i, dec.decode(f), key) for i, f, key in out.shards]
-    assert [(i, m.src, m.seq, key) for i, m, key in parts] == [
-        (0, "rank:h:11", 5, ("j|rank:h:11", 5)), (1, "rank:h:11", 5, ("j|rank:h:11", 5)),
-        (0, "rank:h:11", 6, ("j|rank:h:11", 6)), (1, "rank:h:11", 6, ("j|rank:h:11", 6))]
-    kinds = [m.body["cols"]["kinds"].tolist() for _, m, _ in parts]
-    assert kinds == [[Kind.FORWARD], [Kind.GRAD_LOCAL], [Kind.FORWARD], []]  # an empty part still goes
-    assert [sorted(m.body["new_names"].values()) for _, m, _ in parts[:2]] == [
+    packs = [(i, dec.decode(f), keys) for i, f, keys in out.shards]
+    # One frame per shard for what was routed since the last take, confirmed by every part's key.
+    keys = [("j|rank:h:11", 5), ("j|rank:h:11", 6)]
+    assert [(i, m.type, k) for i, m, k in packs] == [(0, protocol.STEPS, keys), (1, protocol.STEPS, keys)]
+    parts = [parts_from_message(m) for _, m, _ in packs]
+    assert [[(src, seq, b.step) for src, seq, b in p] for p in parts] == [
+        [("rank:h:11", 5, 0), ("rank:h:11", 6, 1)]] * 2
+    kinds = [[b.kinds.tolist() for _, _, b in p] for p in parts]
+    assert kinds == [[[Kind.FORWARD], [Kind.FORWARD]], [[Kind.GRAD_LOCAL], []]]  # an empty part still goes
+    assert [sorted(p[0][2].new_names.values()) for p in parts] == [
         ["Cell.fc.forward.0"], ["Cell.fc.weight.grad"]]  # a name goes where its records go
     assert core.route.routed == 2
     # A shard whose link comes back is owed only its own names.
     ledger = core.route.names[1]
     ledger.owe_all()
-    again = dec.decode(ledger.attach(out.shards[3][1]))
-    assert list(again.body["new_names"].values()) == ["Cell.fc.weight.grad"]
+    again = parts_from_message(dec.decode(ledger.attach(out.shards[1][1])))
+    assert set().union(*(b.new_names.values() for _, _, b in again)) == {"Cell.fc.weight.grad"}
+    assert core.take().shards == []  # nothing routed since: nothing sent
+
+
+def test_parts_of_several_ranks_and_jobs_are_packed_per_shard_and_job(tmp_path, monkeypatch):
+    import rankscope.node.shard_route as shard_route
+
+    monkeypatch.setattr(shard_route, "PACK_ROWS", 3)  # a pack holds at most 3 rows here
+    route = ShardRouting(NameLedger())
+    assert route.learn({"shards": {"count": 2, "endpoints": EPS}})
+    out = Outbox()
+    names = NameTable()
+
+    def rank_step(job: str, rank: int, step: int, seq: int) -> Message:
+        b = StepBatchBuilder(names)
+        b.add("Cell.fc.forward.0", Kind.FORWARD, (1.0, -1.0, 0.0, 1.0), numel=4)
+        b.add("Cell.fc.weight.grad", Kind.GRAD_LOCAL, (0.1, -0.1, 0.0, 0.1), numel=4)
+        return protocol.Decoder().decode(encode(protocol.step_message(b.build(job, rank, step), f"rank:{rank}", seq)))
+
+    for job, rank in (("j", 0), ("j", 1), ("k", 0), ("j", 2)):
+        msg = rank_step(job, rank, 0, 10 + rank)
+        route.step(b"", msg, (f"{job}|{msg.src}", msg.seq), out)
+    seq = protocol.SeqCounter()
+    route.flush(out, "agent:h:1", seq)
+    dec = protocol.Decoder()
+    got = [(i, m.job, [(src, s) for src, s, _ in parts_from_message(m)]) for i, m in
+           ((i, dec.decode(f)) for i, f, _ in out.shards)]
+    # Shard 0 gets one row per rank-step, so job j's three parts fit one pack; shard 1 too.
+    assert got == [(0, "j", [("rank:0", 10), ("rank:1", 11), ("rank:2", 12)]), (0, "k", [("rank:0", 10)]),
+                   (1, "j", [("rank:0", 10), ("rank:1", 11), ("rank:2", 12)]), (1, "k", [("rank:0", 10)])]
+    monkeypatch.setattr(shard_route, "PACK_ROWS", 2)
+    out = Outbox()
+    for r in range(3):
+        msg = rank_step("j", r, 1, 20 + r)
+        route.step(b"", msg, (f"j|{msg.src}", msg.seq), out)
+    route.flush(out, "agent:h:1", seq)
+    assert [(i, keys) for i, _, keys in out.shards] == [
+        (0, [("j|rank:0", 20), ("j|rank:1", 21)]), (0, [("j|rank:2", 22)]),
+        (1, [("j|rank:0", 20), ("j|rank:1", 21)]), (1, [("j|rank:2", 22)])]
 
 
 def test_no_map_one_shard_or_a_bad_map_leave_steps_with_the_verdict_actor(tmp_path):
@@ -91,8 +135,8 @@ def test_names_sent_before_routing_are_owed_to_a_shard_that_comes_back(tmp_path)
     out = core.take()
     ledger = core.route.names[0]
     ledger.owe_all()
-    part = protocol.Decoder().decode(ledger.attach(out.shards[0][1]))
-    assert "Cell.fc.forward.0" in part.body["new_names"].values()
+    (_, _, part), = parts_from_message(protocol.Decoder().decode(ledger.attach(out.shards[0][1])))
+    assert "Cell.fc.forward.0" in part.new_names.values()
 
 
 class _Quiet(Handlers):
@@ -198,6 +242,7 @@ def test_a_restarted_shard_gets_what_it_missed_from_its_own_spool_and_its_names_
         for c in (verdict, *shards):
             c.close()
     assert not verdict.of_type(protocol.STEP)  # every step went straight to the shards
+    assert shards[0].packs > 0  # packed: the agent sends each shard STEPS frames
     got0 = {m.body["step"] for m in shards[0].of_type(protocol.STEP)}
     assert got0 == set(range(steps))
     after = shards[1].of_type(protocol.STEP)

@@ -1,0 +1,127 @@
+"""Writing packed parts (wire.step_pack) into a step slot with one array write per column.
+
+A node agent packs the parts its ranks sent for one shard; in the usual case they are one
+step, one group, names already known and one column layout (a data-parallel job's ranks
+record the same tensors in the same order), and then :func:`ingest_whole` does the
+aligner's bookkeeping for all of them at once and writes their rows as one
+(parts x records) block per column. Anything else goes part by part (the aligner's
+``_ingest_each``), which still writes runs of same-layout parts together (:class:`Run`).
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from rankscope.coordinator.logic.slots import Layout, StepSlot
+from rankscope.wire.records import PackedRows, StepBatch
+from rankscope.wire.step_pack import StepPack
+
+if TYPE_CHECKING:
+    from rankscope.coordinator.logic.aligner import StepAligner
+
+
+def ingest_whole(al: "StepAligner", pack: StepPack, now: float) -> bool:
+    """All parts of a pack at once; False, with nothing done, unless they are the usual case
+    (one step and group, no new names, as many records each, every rank's cached layout the
+    same slice of columns and its ids those of every part)."""
+    steps, rows = pack.steps, pack.rows
+    k = len(steps)
+    if not k or any(pack.names):
+        return False
+    step, n = steps[0], rows[0]
+    if not n or steps.count(step) != k or rows.count(n) != k:
+        return False
+    job = pack.job
+    get = al.ranks.get
+    recs = [get((job, r)) for r in pack.ranks]
+    rec0 = recs[0]
+    lay = rec0.layout if rec0 is not None else None
+    if lay is None or lay.rows is not None or type(lay.cols) is not slice or lay.count != n:
+        return False
+    grp, cols, raw = rec0.group, lay.cols, lay.raw
+    for r in recs:
+        if r is None or r.group is not grp:
+            return False
+        rl = r.layout
+        if rl is not lay and (rl is None or rl.rows is not None or type(rl.cols) is not slice or rl.cols != cols
+                              or rl.raw != raw):
+            return False
+    packed = pack.cols
+    if not (packed["name_ids"].reshape(k, n) == np.frombuffer(raw, np.uint32)).all():
+        return False
+    note = al.note_step
+    for r in recs:
+        note(r, step, now)
+    counters = al.counters
+    counters["batches"] += k
+    if step <= grp.judged_through:
+        counters["late_records"] += n * k
+        return True
+    slot = grp.slots.get(step)
+    if slot is None:
+        slot = grp.slots[step] = StepSlot(step, now, len(grp.members), max(len(al.keys[job]), 1))
+    p = np.fromiter((r.pos for r in recs), np.int64, k)
+    if int(p.max()) >= slot.shape[0] or lay.width > slot.shape[1]:
+        slot.grow(len(grp.members), len(al.keys[job]))
+    at = _rows(p) if k > 1 else int(p[0])
+    slot.reported[at] = True
+    slot.token[at] = pack.tokens if k > 1 else pack.tokens[0]
+    run = Run(slot, cols, packed, 0, n)
+    run.rows = p
+    run.write(at)
+    counters["records"] += n * k
+    return True
+
+
+def write_one(slot: StepSlot, p: int, layout: Layout, b: StepBatch) -> None:
+    cols, rows = layout.cols, layout.rows
+    sel = (lambda a: a) if rows is None else (lambda a: a[rows])
+    slot.present[p, cols] = True
+    slot.exec[p, cols] = sel(b.exec_index)
+    slot.stats[p, cols] = sel(b.stats)
+    slot.nan[p, cols] = sel(b.nan_count)
+    slot.inf[p, cols] = sel(b.inf_count)
+    slot.numel[p, cols] = sel(b.numel)
+    slot.crc[p, cols] = sel(b.crc32)
+
+
+class Run:
+    """Consecutive parts of one packed frame, each ``n`` rows, bound for the same slot
+    columns: their rows of the frame are one (parts x n) block per column."""
+
+    def __init__(self, slot: StepSlot, cols: slice, packed: dict, start: int, n: int) -> None:
+        self.slot, self.cols, self.packed, self.start, self.n = slot, cols, packed, start, n
+        self.rows: list[int] = []
+
+    def extends(self, slot: StepSlot, cols: slice, pk: PackedRows, n: int) -> bool:
+        return slot is self.slot and cols == self.cols and pk.cols is self.packed and n == self.n \
+            and pk.start == self.start + n * len(self.rows)
+
+    def write(self, at: np.ndarray | slice | int | None = None) -> None:
+        """``at``: the slot rows, when the caller has them as an index already."""
+        slot, c, k, n = self.slot, self.cols, len(self.rows), self.n
+        p = at if at is not None else self.rows[0] if k == 1 else _rows(np.asarray(self.rows, np.int64))
+        lo, hi = self.start, self.start + k * n
+        src = self.packed
+
+        def block(name: str) -> np.ndarray:
+            a = src[name][lo:hi]
+            return a.reshape(k, n, *a.shape[1:]) if k > 1 else a
+
+        slot.present[p, c] = True
+        slot.exec[p, c] = block("exec_index")
+        slot.stats[p, c] = block("stats")
+        slot.nan[p, c] = block("nan_count")
+        slot.inf[p, c] = block("inf_count")
+        slot.numel[p, c] = block("numel")
+        slot.crc[p, c] = block("crc32")
+
+
+def _rows(p: np.ndarray) -> np.ndarray | slice:
+    """Slot rows as a slice when they are evenly spaced (a node's ranks usually are):
+    numpy writes a strided block several times faster than it scatters rows."""
+    step = int(p[1] - p[0])
+    if step > 0 and bool((np.diff(p) == step).all()):
+        return slice(int(p[0]), int(p[-1]) + 1, step)
+    return p
