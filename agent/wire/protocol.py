@@ -75,8 +75,8 @@ SCHEMAS: dict[str, _Schema] = {
         "rank": (_INT, True), "step": (_INT, True), "token": (_INT, False),
         "wall_time": (_NUM, False), "new_names": ((dict,), True), "cols": ((dict,), True),
     },
-    # parts: per rank's STEP (one row each) its src, seq, rank, step, token, wall time,
-    # new names and row count (PART_COLUMNS); cols: the parts' columns one after the other.
+    # parts: per rank's STEP (one row each) its src, seq, rank, step, token, row count, wall
+    # time and new names (PART_FIELDS); cols: the parts' columns one after the other.
     STEPS: {"parts": ((dict,), True), "cols": ((dict,), True)},
     HEARTBEAT: {"rank": (_INT, True), "step": (_INT, True), "state": ((str,), True),
                 "pid": (_INT, False), "sync": ((dict, type(None)), False), "dropped": (_INT, False),
@@ -345,10 +345,13 @@ def _check_names(names: Any, what: str) -> None:
             raise ProtocolError("bad_field", f"{what}.new_names must map int -> str")
 
 
-#: A STEPS frame's per-part header columns (one row per part), besides src and names lists.
-PART_COLUMNS = {"seq": "<i8", "rank": "<i8", "step": "<i8", "token": "<i8", "wall": "<f8", "rows": "<i8"}
-_PART_SPECS = tuple((name, dstr, np.dtype(dstr), ()) for name, dstr in PART_COLUMNS.items())
-_PART_KEYS = frozenset(PART_COLUMNS)
+#: A STEPS frame's header: one row per part of these int64 fields (``head``), its wall
+#: time (``wall``, float64), and the ``src`` and ``names`` lists. Two arrays, not one per
+#: field: a frame's check costs per array.
+PART_FIELDS = ("seq", "rank", "step", "token", "rows")
+_PART_SPECS = (("head", "<i8", np.dtype("<i8"), (len(PART_FIELDS),)), ("wall", "<f8", np.dtype("<f8"), ()))
+_PART_KEYS = frozenset({"head", "wall"})
+_SEQ, _ROWS = PART_FIELDS.index("seq"), PART_FIELDS.index("rows")
 
 
 def _check_pack(body: dict) -> None:
@@ -366,10 +369,11 @@ def _check_pack(body: dict) -> None:
             _check_names(table, "steps.parts")
         elif type(table) is not dict:
             raise ProtocolError("bad_field", "steps.parts.names: a table is not a map")
-    if count and (parts["seq"].min() < 0 or parts["rows"].min() < 0):
+    head = parts["head"]
+    if count and (head[:, _SEQ].min() < 0 or head[:, _ROWS].min() < 0):
         raise ProtocolError("bad_field", "steps.parts: negative seq or row count")
-    if int(parts["rows"].sum()) != rows:
-        raise ProtocolError("bad_shape", f"steps: parts hold {int(parts['rows'].sum())} rows, cols have {rows}")
+    if int(head[:, _ROWS].sum()) != rows:
+        raise ProtocolError("bad_shape", f"steps: parts hold {int(head[:, _ROWS].sum())} rows, cols have {rows}")
 
 
 # --- StepBatch <-> message ---------------------------------------------------------

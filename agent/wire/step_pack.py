@@ -21,7 +21,7 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
-from rankscope.wire.protocol import STEP_COLUMNS, STEPS, Message
+from rankscope.wire.protocol import PART_FIELDS, STEP_COLUMNS, STEPS, Message
 from rankscope.wire.records import PackedRows, StepBatch
 
 #: A part as the packer takes it: (src, seq, batch).
@@ -35,10 +35,11 @@ def pack_message(job: str, src: str, seq: int, parts: Iterable[Part]) -> Message
     """One STEPS message of ``parts`` (all of job ``job``)."""
     parts = list(parts)
     bs = [b for _, _, b in parts]
+    fields = {"seq": [p[1] for p in parts], "rank": [b.rank for b in bs], "step": [b.step for b in bs],
+              "token": [b.token for b in bs], "rows": [len(b) for b in bs]}
     head = {"src": [p[0] for p in parts], "names": [dict(b.new_names) for b in bs],
-            "seq": np.array([p[1] for p in parts], np.int64), "rank": np.array([b.rank for b in bs], np.int64),
-            "step": np.array([b.step for b in bs], np.int64), "token": np.array([b.token for b in bs], np.int64),
-            "wall": np.array([b.wall_time for b in bs], np.float64), "rows": np.array([len(b) for b in bs], np.int64)}
+            "head": np.array([fields[f] for f in PART_FIELDS], np.int64).T.reshape(len(bs), len(PART_FIELDS)),
+            "wall": np.array([b.wall_time for b in bs], np.float64)}
     cols = {name: np.concatenate([getattr(b, name) for b in bs]) if bs
             else getattr(StepBatch.empty(job, 0, 0), name) for name in STEP_COLUMNS}
     return Message(STEPS, job, src, seq, {"parts": head, "cols": cols})
@@ -55,12 +56,13 @@ class StepPack:
         self.job, self.cols = msg.job, msg.body["cols"]
         self.src: list[str] = head["src"]
         self.names: list[dict] = head["names"]
-        self.seq: list[int] = head["seq"].tolist()
-        self.ranks: list[int] = head["rank"].tolist()
-        self.steps: list[int] = head["step"].tolist()
-        self.tokens: list[int] = head["token"].tolist()
+        fields = dict(zip(PART_FIELDS, head["head"].T.tolist()))
+        self.seq: list[int] = fields["seq"]
+        self.ranks: list[int] = fields["rank"]
+        self.steps: list[int] = fields["step"]
+        self.tokens: list[int] = fields["token"]
+        self.rows: list[int] = fields["rows"]
         self.walls: list[float] = head["wall"].tolist()
-        self.rows: list[int] = head["rows"].tolist()
         self._batches: list[StepBatch] | None = None
 
     @property

@@ -22,25 +22,25 @@ class StepRanges:
         self._hi: list[int] = []
 
     def add(self, step: int) -> None:
-        hi = self._hi
-        if hi and hi[-1] == step - 1 and step > 0:  # the next step, the usual case
-            hi[-1] = step
+        self.add_range(step, step)
+
+    def add_range(self, lo: int, hi: int) -> None:
+        """Add the steps lo..hi (merged with the ranges they overlap or touch)."""
+        los, his = self._lo, self._hi
+        if his and his[-1] >= lo - 1 and los[-1] <= lo:  # at the end, the usual case
+            if hi > his[-1]:
+                his[-1] = hi
             return
-        i = bisect.bisect_right(self._lo, step) - 1
-        if i >= 0 and self._lo[i] <= step <= self._hi[i]:
-            return
-        joins_left = i >= 0 and self._hi[i] == step - 1
-        joins_right = i + 1 < len(self._lo) and self._lo[i + 1] == step + 1
-        if joins_left and joins_right:
-            self._hi[i] = self._hi[i + 1]
-            del self._lo[i + 1], self._hi[i + 1]
-        elif joins_left:
-            self._hi[i] = step
-        elif joins_right:
-            self._lo[i + 1] = step
-        else:
-            self._lo.insert(i + 1, step)
-            self._hi.insert(i + 1, step)
+        i = bisect.bisect_left(his, lo - 1)  # the first range that ends at lo - 1 or later
+        j = bisect.bisect_right(los, hi + 1)  # ranges from j on start after hi + 1
+        if i < j:
+            lo, hi = min(lo, los[i]), max(hi, his[j - 1])
+        los[i:j], his[i:j] = [lo], [hi]
+
+    def copy(self) -> "StepRanges":
+        out = StepRanges()
+        out._lo, out._hi = list(self._lo), list(self._hi)
+        return out
 
     def ranges(self) -> list[tuple[int, int]]:
         return list(zip(self._lo, self._hi))
@@ -87,31 +87,81 @@ class RankCoverage:
     dropped_steps: int = 0  # steps the rank's client dropped (its queue was full)
 
 
+#: Runs a job's log keeps before folding the oldest half into per-rank ranges: bounds its
+#: memory when the judged ranks change often (ranks coming and going).
+MAX_RUNS = 64
+
+
+class _JobLog:
+    """One job's judged steps as runs of consecutive steps judged with the same ranks:
+    each step costs O(1) however many ranks it had (a rank-by-rank update was most of a
+    16k-rank step's bookkeeping), and per-rank ranges are built when a report asks."""
+
+    def __init__(self) -> None:
+        self.runs: list[list] = []  # [first step, last step, ranks (a shared tuple)]
+        self.folded: dict[int, StepRanges] = {}
+
+    def add(self, step: int, ranks: tuple[int, ...]) -> None:
+        if self.runs:
+            last = self.runs[-1]
+            if step == last[1] + 1 and (last[2] is ranks or last[2] == ranks):
+                last[1] = step
+                return
+            for run in reversed(self.runs[-4:]):  # share an equal tuple: bounded memory
+                if run[2] == ranks:
+                    ranks = run[2]
+                    break
+        self.runs.append([step, step, ranks])
+        if len(self.runs) > MAX_RUNS:
+            old, self.runs = self.runs[:MAX_RUNS // 2], self.runs[MAX_RUNS // 2:]
+            _apply(self.folded, old)
+
+    def per_rank(self) -> dict[int, StepRanges]:
+        out = {r: rng.copy() for r, rng in self.folded.items()}
+        _apply(out, self.runs)
+        return out
+
+
+def _apply(into: dict[int, StepRanges], runs: list[list]) -> None:
+    for lo, hi, ranks in runs:
+        for r in ranks:
+            rng = into.get(r)
+            if rng is None:
+                rng = into[r] = StepRanges()
+            rng.add_range(lo, hi)
+
+
 class Coverage:
     def __init__(self) -> None:
-        self._ranks: dict[tuple[str, int], RankCoverage] = {}
-
-    def _rank(self, job: str, rank: int) -> RankCoverage:
-        return self._ranks.setdefault((job, rank), RankCoverage())
+        self._jobs: dict[str, _JobLog] = {}
+        self._dropped: dict[tuple[str, int], int] = {}
 
     def judged(self, job: str, step: int, ranks: Iterable[int]) -> None:
-        """A step was judged with these ranks' records in it (every step, every rank: kept lean)."""
-        known = self._ranks
-        for r in ranks:
-            rc = known.get((job, r))
-            if rc is None:
-                rc = known[(job, int(r))] = RankCoverage()
-            rc.judged.add(step)
+        """A step was judged with these ranks' records in it."""
+        log = self._jobs.get(job)
+        if log is None:
+            log = self._jobs[job] = _JobLog()
+        log.add(int(step), tuple(int(r) for r in ranks))
 
     def dropped(self, job: str, rank: int, steps: int) -> None:
         """The rank says it has dropped this many steps so far (a running total)."""
-        rc = self._rank(job, rank)
-        rc.dropped_steps = max(rc.dropped_steps, steps)
+        key = (job, rank)
+        self._dropped[key] = max(self._dropped.get(key, 0), steps)
+
+    def per_rank(self, job: str) -> dict[int, StepRanges]:
+        """Each rank's judged steps (ranks with none are absent)."""
+        log = self._jobs.get(job)
+        return log.per_rank() if log is not None else {}
+
+    def dropped_of(self, job: str) -> dict[int, int]:
+        return {r: n for (j, r), n in self._dropped.items() if j == job}
 
     def report(self, job: str, ends: dict[int, int | None]) -> dict[str, Any]:
         """What was watched of ``job``. ``ends``: every rank known to the job, with the
         last step it can have run when it ended early (lost), else None (ran to the end)."""
-        return _report(job, {r: rc for (j, r), rc in self._ranks.items() if j == job}, ends)
+        judged, dropped = self.per_rank(job), self.dropped_of(job)
+        mine = {r: RankCoverage(judged.get(r, StepRanges()), dropped.get(r, 0)) for r in set(judged) | set(dropped)}
+        return _report(job, mine, ends)
 
 
 class ShardedCoverage(Coverage):
@@ -128,15 +178,15 @@ class ShardedCoverage(Coverage):
         self.shards[shard].judged(job, step, ranks)
 
     def report(self, job: str, ends: dict[int, int | None]) -> dict[str, Any]:
-        keys = {k for c in [self, *self.shards] for k in c._ranks if k[0] == job}
+        parts = [c.per_rank(job) for c in self.shards]
+        dropped = self.dropped_of(job)
         mine = {}
-        for key in keys:
+        for rank in set().union(*parts, dropped):
             judged: StepRanges | None = None
-            for c in self.shards:
-                part = c._ranks.get(key, RankCoverage()).judged
-                judged = part if judged is None else judged.intersection(part)
-            own = self._ranks.get(key, RankCoverage())
-            mine[key[1]] = RankCoverage(judged if judged is not None else StepRanges(), own.dropped_steps)
+            for part in parts:
+                got = part.get(rank, StepRanges())
+                judged = got if judged is None else judged.intersection(got)
+            mine[rank] = RankCoverage(judged if judged is not None else StepRanges(), dropped.get(rank, 0))
         return _report(job, mine, ends)
 
 

@@ -48,7 +48,7 @@ def ingest_whole(al: "StepAligner", pack: StepPack, now: float) -> bool:
                               or rl.raw != raw):
             return False
     packed = pack.cols
-    if not (packed["name_ids"].reshape(k, n) == np.frombuffer(raw, np.uint32)).all():
+    if packed["name_ids"].tobytes() != raw * k:  # every part's ids are the layout's
         return False
     note = al.note_step
     for r in recs:
@@ -61,14 +61,14 @@ def ingest_whole(al: "StepAligner", pack: StepPack, now: float) -> bool:
     slot = grp.slots.get(step)
     if slot is None:
         slot = grp.slots[step] = StepSlot(step, now, len(grp.members), max(len(al.keys[job]), 1))
-    p = np.fromiter((r.pos for r in recs), np.int64, k)
-    if int(p.max()) >= slot.shape[0] or lay.width > slot.shape[1]:
+    pos = [r.pos for r in recs]
+    if max(pos) >= slot.shape[0] or lay.width > slot.shape[1]:
         slot.grow(len(grp.members), len(al.keys[job]))
-    at = _rows(p) if k > 1 else int(p[0])
+    at = _rows(pos)
     slot.reported[at] = True
     slot.token[at] = pack.tokens if k > 1 else pack.tokens[0]
     run = Run(slot, cols, packed, 0, n)
-    run.rows = p
+    run.rows = pos
     run.write(at)
     counters["records"] += n * k
     return True
@@ -101,7 +101,7 @@ class Run:
     def write(self, at: np.ndarray | slice | int | None = None) -> None:
         """``at``: the slot rows, when the caller has them as an index already."""
         slot, c, k, n = self.slot, self.cols, len(self.rows), self.n
-        p = at if at is not None else self.rows[0] if k == 1 else _rows(np.asarray(self.rows, np.int64))
+        p = at if at is not None else _rows(self.rows)
         lo, hi = self.start, self.start + k * n
         src = self.packed
 
@@ -118,10 +118,13 @@ class Run:
         slot.crc[p, c] = block("crc32")
 
 
-def _rows(p: np.ndarray) -> np.ndarray | slice:
-    """Slot rows as a slice when they are evenly spaced (a node's ranks usually are):
-    numpy writes a strided block several times faster than it scatters rows."""
-    step = int(p[1] - p[0])
-    if step > 0 and bool((np.diff(p) == step).all()):
-        return slice(int(p[0]), int(p[-1]) + 1, step)
-    return p
+def _rows(pos: list[int]) -> int | slice | np.ndarray:
+    """Slot rows as an index numpy writes fastest: one row, a slice when they are evenly
+    spaced (a node's ranks usually are: a strided block, not a scatter), else an array."""
+    k = len(pos)
+    if k == 1:
+        return pos[0]
+    first, step = pos[0], pos[1] - pos[0]
+    if step > 0 and pos[-1] == first + step * (k - 1) and all(b - a == step for a, b in zip(pos, pos[1:])):
+        return slice(first, pos[-1] + 1, step)
+    return np.array(pos, np.int64)

@@ -45,22 +45,31 @@ def _env(parts=None) -> dict:
                            strict_map_key=False)
 
 
-def _col(name: str, values: list, dstr: str = "<i8") -> tuple:
-    return name, {"d": dstr, "s": [len(values)], "b": np.array(values, dstr).tobytes()}
+def _head(env_body: dict, field: str | None = None, values: list | None = None, dstr: str = "<i8",
+          shape: list | None = None) -> None:
+    """Replace the header array, one field's column changed (or the whole array's form)."""
+    head = np.frombuffer(env_body["parts"]["head"]["b"], np.int64).reshape(-1, len(protocol.PART_FIELDS)).copy()
+    if field is not None:
+        head = head[:len(values)].copy()
+        head[:, protocol.PART_FIELDS.index(field)] = values
+    arr = head.astype(dstr)
+    env_body["parts"]["head"] = {"d": dstr, "s": shape or list(arr.shape), "b": arr.tobytes()}
 
 
 @pytest.mark.parametrize("mutate, reason", [
-    (lambda b: b["parts"].__setitem__(*_col("rows", [5, 2, 4])), "bad_shape"),  # parts hold fewer rows than cols
-    (lambda b: b["parts"].__setitem__(*_col("rows", [5, 2])), "bad_shape"),  # a header column one short
-    (lambda b: b["parts"].__setitem__(*_col("seq", [1, -1, 2])), "bad_field"),  # a negative seq
-    (lambda b: b["parts"].__setitem__(*_col("rows", [6, -1, 5])), "bad_field"),  # a negative row count
-    (lambda b: b["parts"].__setitem__(*_col("rank", [0, 1, 2], "<i4")), "bad_shape"),  # another dtype
+    (lambda b: _head(b, "rows", [5, 2, 4]), "bad_shape"),  # parts hold fewer rows than the columns
+    (lambda b: _head(b, "rows", [5, 2]), "bad_shape"),  # a header row short (wall, src and names have 3)
+    (lambda b: _head(b, "seq", [1, -1, 2]), "bad_field"),  # a negative seq
+    (lambda b: _head(b, "rows", [6, -1, 5]), "bad_field"),  # a negative row count
+    (lambda b: _head(b, dstr="<i4"), "bad_shape"),  # another dtype
+    (lambda b: _head(b, shape=[15]), "bad_shape"),  # flattened
     (lambda b: b["parts"]["src"].__setitem__(0, 3), "bad_field"),  # a src that is not a string
     (lambda b: b["parts"]["src"].pop(), "bad_field"),  # one src short
     (lambda b: b["parts"].pop("names"), "bad_field"),
     (lambda b: b["parts"]["names"].__setitem__(1, {"a": "b"}), "bad_field"),  # names keyed by a string
     (lambda b: b["parts"]["names"].__setitem__(1, []), "bad_field"),  # a table that is not a map
-    (lambda b: b["parts"].__setitem__("extra", 1), "bad_field"),  # a header column nobody knows
+    (lambda b: b["parts"].__setitem__("extra", 1), "bad_field"),  # a header field nobody knows
+    (lambda b: b["parts"].pop("wall"), "bad_field"),
     (lambda b: b["cols"].pop("crc32"), "bad_field"),  # a column missing
     (lambda b: b.pop("parts"), "missing_field"),
 ])

@@ -78,3 +78,41 @@ def test_the_core_marks_what_it_judged_and_the_ranks_missing_by_the_deadline():
     rep = core.coverage_report("j")
     assert rep["steps"] == [0, 7]
     assert rep["not_seen"] == [{"rank": 1, "steps": [[3, 4]], "dropped_steps": 2}]
+
+
+def test_ranges_added_in_any_order_and_overlap_equal_a_plain_set():
+    rng = random.Random(11)
+    for _ in range(200):
+        r, seen = StepRanges(), set()
+        for _ in range(rng.randint(1, 12)):
+            lo = rng.randint(0, 60)
+            hi = lo + rng.randint(0, 8)
+            r.add_range(lo, hi)
+            seen.update(range(lo, hi + 1))
+        want, run = [], None
+        for s in sorted(seen):
+            if run and s == run[1] + 1:
+                run[1] = s
+            else:
+                run = [s, s]
+                want.append(run)
+        assert r.ranges() == [tuple(x) for x in want]
+
+
+def test_runs_of_steps_keep_every_ranks_steps_even_when_the_ranks_change_often():
+    """Judged steps are kept as runs with the same ranks, folded into per-rank ranges past
+    MAX_RUNS: whatever the pattern, each rank's steps are exactly those it was judged in."""
+    import rankscope.coordinator.logic.coverage as coverage
+
+    rng = random.Random(5)
+    cov, model = Coverage(), {}
+    for step in range(3 * coverage.MAX_RUNS + 17):
+        if rng.random() < 0.1:
+            continue  # a step nobody saw
+        ranks = [r for r in range(9) if rng.random() < 0.8] if rng.random() < 0.5 else list(range(9))
+        cov.judged("j", step, ranks)
+        for r in ranks:
+            model.setdefault(r, set()).add(step)
+    got = cov.per_rank("j")
+    assert len(cov._jobs["j"].runs) <= coverage.MAX_RUNS and cov._jobs["j"].folded  # folding did happen
+    assert {r: {s for lo, hi in rg.ranges() for s in range(lo, hi + 1)} for r, rg in got.items()} == model
