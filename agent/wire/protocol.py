@@ -345,9 +345,8 @@ def _check_names(names: Any, what: str) -> None:
             raise ProtocolError("bad_field", f"{what}.new_names must map int -> str")
 
 
-#: A STEPS frame's header: one row per part of these int64 fields (``head``), its wall
-#: time (``wall``, float64), and the ``src`` and ``names`` lists. Two arrays, not one per
-#: field: a frame's check costs per array.
+#: A STEPS header: per part these int64 fields (``head``), its wall time (``wall``) and the
+#: ``src`` and ``names`` lists; two arrays, not one per field (checking costs per array).
 PART_FIELDS = ("seq", "rank", "step", "token", "rows")
 _PART_SPECS = (("head", "<i8", np.dtype("<i8"), (len(PART_FIELDS),)), ("wall", "<f8", np.dtype("<f8"), ()))
 _PART_KEYS = frozenset({"head", "wall"})
