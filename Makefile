@@ -69,7 +69,7 @@ demo: venv
 # Unit tests, a real local Ray, real sockets, and a few real msrun jobs end to end.
 test: venv system-deps
 	@$(MAKE) --no-print-directory $(VENV)/.installed-test-$(HASH)
-	$(PY) -m pytest -q -rs $(PYTEST_ARGS)
+	$(PY) -m pytest -q -rs --durations=25 $(PYTEST_ARGS)
 
 system-deps:
 	@missing=""; for tp in $(SYSTEM_TOOLS); do command -v $${tp%%:*} >/dev/null 2>&1 || missing="$$missing $${tp#*:}"; done; \

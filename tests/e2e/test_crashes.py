@@ -22,10 +22,11 @@ RANKS = 4
 JOB = Path(__file__).parent / "jobs" / "model_train_crash.py"
 
 
-def run_crash(tmp_path: Path, fault: str, config: dict | None = None):
+def run_crash(tmp_path: Path, fault: str, config: dict | None = None, grace: str = "10"):
     out = tmp_path / "out"
     env = dict(os.environ, CRASH_FAULT=fault, CRASH_STEPS="10")
-    cmd = [sys.executable, "-m", "rankscope", "launch", "--export-dir", str(out), "--on-divergence", "terminate"]
+    cmd = [sys.executable, "-m", "rankscope", "launch", "--export-dir", str(out), "--on-divergence", "terminate",
+           "--grace", grace]
     if config:
         cfg = tmp_path / "config.json"
         cfg.write_text(json.dumps(config))
@@ -46,7 +47,9 @@ def run_crash(tmp_path: Path, fault: str, config: dict | None = None):
     # the exception's early goodbye is tested with a real process in tests/client.)
 ])
 def test_the_rank_that_died_first_is_named_not_its_victims(tmp_path, fault, step, how):
-    proc, incidents, explain = run_crash(tmp_path, fault)
+    # msrun takes the other ranks down within a second of the death, then lingers on its
+    # scheduler: the default 10 s grace after the terminate was waited out in full.
+    proc, incidents, explain = run_crash(tmp_path, fault, grace="3")
     assert incidents, "no incident\n" + explain
     inc = incidents[0]
     rank = int(fault.split(":")[1])

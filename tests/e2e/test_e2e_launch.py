@@ -30,7 +30,10 @@ def run_launch(tmp_path: Path, fault: str | None, steps: int = 8, action: str = 
     env.pop("TRAIN_FAULT", None)
     if fault:
         env["TRAIN_FAULT"] = fault
-    cmd = [sys.executable, "-m", "rankscope", "launch", "--export-dir", str(out),
+    # --grace 3: after a terminate the ranks are gone within a second (at their step
+    # boundary, or taken down by msrun after a dead peer), but msrun lingers on its
+    # scheduler; the default 10 s grace was waited out on every terminated run.
+    cmd = [sys.executable, "-m", "rankscope", "launch", "--export-dir", str(out), "--grace", "3",
            "--on-divergence", action, "--", *msrun_command(RANKS, out / "msrun_logs")]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=400)
     incidents = sorted((out / "incidents").glob("*/incident.json")) if (out / "incidents").exists() else []

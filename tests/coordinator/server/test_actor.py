@@ -21,10 +21,8 @@ NS = "rankscope-test-actor"
 
 
 @pytest.fixture(scope="module", autouse=True)
-def local_ray():
-    ray.init(num_cpus=2, include_dashboard=False, namespace=NS, log_to_driver=False)
-    yield
-    ray.shutdown()
+def local_ray(folder_ray):
+    """The folder's shared private Ray (conftest.py)."""
 
 
 def _stop(handle) -> None:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 
 import pytest
-import ray
 
 from rankscope.coordinator.cli import bench as bench_cli
 
@@ -15,10 +14,8 @@ pytestmark = pytest.mark.ray
 
 
 @pytest.fixture(scope="module", autouse=True)
-def local_ray():
-    ray.init(num_cpus=2, include_dashboard=False, namespace="rankscope-bench", log_to_driver=False)
-    yield
-    ray.shutdown()
+def local_ray(folder_ray):
+    """The folder's shared private Ray (conftest.py)."""
 
 
 @pytest.mark.parametrize("shards", [1, 2])

@@ -26,8 +26,7 @@ ROOT = REPO
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    ray.init(num_cpus=2, include_dashboard=False, namespace=NS, log_to_driver=False)
+def cluster(tmp_path_factory, folder_ray):
     export_dir = tmp_path_factory.mktemp("export")
     h = start_coordinator(str(export_dir), {"on_divergence": "pause", "export_timeout_s": 30},
                           name="rankscope-cli", namespace=NS, job="jobE")
@@ -43,7 +42,6 @@ def cluster(tmp_path_factory):
     agent.close()
     ray.get(h.shutdown.remote())
     ray.kill(h)
-    ray.shutdown()
 
 
 def cli(*argv: str) -> int:

@@ -16,10 +16,8 @@ STEPS, LAYERS = 12, 4
 
 
 @pytest.fixture(scope="module", autouse=True)
-def local_ray():
-    ray.init(num_cpus=2, include_dashboard=False, namespace=NS, log_to_driver=False)
-    yield
-    ray.shutdown()
+def local_ray(folder_ray):
+    """The folder's shared private Ray (conftest.py)."""
 
 
 def test_agent_routes_steps_to_both_shards_and_the_fault_is_named(tmp_path):

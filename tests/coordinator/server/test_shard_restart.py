@@ -20,10 +20,8 @@ NS = "rankscope-test-shard-restart"
 
 
 @pytest.fixture(scope="module", autouse=True)
-def local_ray():
-    ray.init(num_cpus=2, include_dashboard=False, namespace=NS, log_to_driver=False)
-    yield
-    ray.shutdown()
+def local_ray(folder_ray):
+    """The folder's shared private Ray (conftest.py)."""
 
 
 def test_a_killed_shard_comes_back_on_its_port_and_what_it_lost_is_not_seen(tmp_path):

@@ -98,6 +98,7 @@ def two_nodes(monkeypatch):
                     raise
         monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
         monkeypatch.delenv("RAY_ADDRESS", raising=False)
+        ray.shutdown()  # the folder's shared private Ray (conftest.py), if a module before started it
         ray.init(address=f"127.0.0.1:{port}", namespace=NS, log_to_driver=False)
         deadline = time.monotonic() + 60
         while len([n for n in ray.nodes() if n["Alive"]]) < 2:
