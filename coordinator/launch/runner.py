@@ -26,6 +26,7 @@ from rankscope.coordinator.launch.watched import (
     UNWATCHED_EXIT,
     AttachWatch,
     WatchedRanks,
+    end_command_now,
     end_of_run_line,
     exit_status,
     still_live,
@@ -187,8 +188,10 @@ class Launch:
                 terminated = bool(status and status.get("terminated"))
             if terminated and killed_at is None:
                 killed_at = time.monotonic()
-            if killed_at is not None and time.monotonic() - killed_at > self.args.grace:
-                self.say(f"job still running {self.args.grace:.0f} s after terminate: killing it")
+            why = end_command_now(killed_at, time.monotonic(), self.args.grace,
+                                  None if agent_watch is not None else status)
+            if why is not None:
+                self.say(why)
                 self.signal_tree(signal.SIGKILL)
                 break
             time.sleep(0.5 if agent_watch is not None else 1.0)

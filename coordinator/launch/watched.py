@@ -90,6 +90,19 @@ def still_live(status: dict[str, Any] | None) -> list[int]:
                   if heard_from(info or {}) and (info or {}).get("state") not in ("finished", "lost"))
 
 
+def end_command_now(terminated_at: float | None, now: float, grace_s: float, status: dict[str, Any] | None) -> str | None:
+    """Why the command of a terminated job is killed now (None: not yet): its grace is
+    over, or no rank of it is left (what still runs is the launcher's own teardown, which
+    can wait on a peer that is gone for as long as the grace)."""
+    if terminated_at is None:
+        return None
+    if now - terminated_at > grace_s:
+        return f"job still running {grace_s:.0f} s after terminate: killing it"
+    if status is not None and (status.get("ranks") or {}) and not still_live(status):
+        return "job terminated and none of its ranks is left: ending the launcher's teardown now"
+    return None
+
+
 def partly_seen(status: dict[str, Any] | None, watched: list[int]) -> list[int]:
     """Watched ranks whose reported way of watching carries a reason (something unseen)."""
     ranks = (status or {}).get("ranks") or {}

@@ -272,7 +272,6 @@ def run_ingest(ranks: int, tensors: int, steps: int, *, nodes: int | None = None
         records1 = ranks * tensors * (steps - 1)
         log(f"bench ingest: {ranks} ranks x {tensors} tensors x {steps} steps from {nodes} processes "
             f"(node agents of {ranks_per_node} ranks) -> {endpoint}")
-        st0 = coord.status(brief=True)
         go1.set()
         # The figure uses the actor's own last-ingest time, not this poll. Frames lost on
         # the way would leave it short for ever: it gives up once nothing arrived for STALL_S.
@@ -306,10 +305,11 @@ def run_ingest(ranks: int, tensors: int, steps: int, *, nodes: int | None = None
             # Throughput from phase 1 alone (its status), memory at the end.
             per = [{"shard": x["shard"], "node": x.get("node"), "records": y["records"],
                     "records_per_s": x["records_per_s"],
-                    "records_per_cpu_s": round((x["records"] - w["records"]) / max(x["cpu_s"] - w["cpu_s"], 1e-9)),
+                    # Steady state: the paced steps (names and layouts were learned in phase 1).
+                    "records_per_cpu_s": round((y["records"] - x["records"]) / max(y["cpu_s"] - x["cpu_s"], 1e-9)),
                     "frames_in": y["frames_in"], "rejected": y["rejected"], "duplicates": y["duplicates"],
                     "peak_rss_mb": round(y["peak_rss_bytes"] / 2**20, 1)}
-                   for w, x, y in zip(st0["shards"], st["shards"], final["shards"])]
+                   for x, y in zip(st["shards"], final["shards"])]
         else:
             peak = _peak_rss(final["pid"])
             per = [{"shard": 0, "records": _ingested(final), "records_per_s": round(records1 / elapsed, 1),

@@ -8,6 +8,7 @@ from rankscope.coordinator.launch.watched import (
     UNWATCHED_EXIT,
     AttachWatch,
     WatchedRanks,
+    end_command_now,
     end_of_run_line,
     exit_status,
     still_live,
@@ -117,3 +118,16 @@ def test_the_end_waits_only_for_ranks_heard_from_and_not_yet_ended():
     # rank 2 still running (its death not reported yet); rank 3 only expected, never spoke
     assert still_live(status({**ended, "2": RUNNING, "3": {"state": "expected", "step": -1, "pid": None}})) == [2]
     assert still_live(None) == []
+
+
+def test_a_terminated_commands_tree_is_ended_once_no_rank_is_left_or_the_grace_is_over():
+    lost = {"state": "lost", "step": 3, "pid": 101}
+    some_alive = status({"0": RUNNING, "1": lost})
+    all_gone = status({"0": dict(lost, pid=100), "1": lost, "2": {"state": "finished", "step": 7, "pid": 102}})
+    assert end_command_now(None, 100.0, 10.0, all_gone) is None  # not terminated: never
+    assert end_command_now(95.0, 100.0, 10.0, some_alive) is None  # a rank still runs: its grace
+    assert "10 s after terminate" in end_command_now(89.0, 100.0, 10.0, some_alive)
+    assert "none of its ranks is left" in end_command_now(99.5, 100.0, 10.0, all_gone)
+    # No word of the ranks (status unavailable, or none heard from yet): the grace decides.
+    assert end_command_now(99.5, 100.0, 10.0, None) is None
+    assert end_command_now(99.5, 100.0, 10.0, status({})) is None
