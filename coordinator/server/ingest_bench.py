@@ -304,7 +304,9 @@ def run_ingest(ranks: int, tensors: int, steps: int, *, nodes: int | None = None
         if "shards" in final:
             # Throughput from phase 1 alone (its status), memory at the end.
             per = [{"shard": x["shard"], "node": x.get("node"), "records": y["records"],
-                    "records_per_s": x["records_per_s"],
+                    # Phase 1 from the first frame sent to this shard's last ingest (its own
+                    # first-to-last span is a few bursts, too short to mean anything).
+                    "records_per_s": round(x["records"] / max(x["last_step_wall"] - phase1_first, 1e-9)),
                     # Steady state: the paced steps (names and layouts were learned in phase 1).
                     "records_per_cpu_s": round((y["records"] - x["records"]) / max(y["cpu_s"] - x["cpu_s"], 1e-9)),
                     "frames_in": y["frames_in"], "rejected": y["rejected"], "duplicates": y["duplicates"],
