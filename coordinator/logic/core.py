@@ -199,7 +199,7 @@ class CoordinatorCore:
             for grp in self.aligner.groups.values():
                 if grp.job not in self.terminated_jobs:
                     found += self.failures.judge(grp, now, self.wall_clock(), force=force)
-                for v in self.progress.lagging(grp):
+                for v in self.progress.lagging(grp, None if force else now):
                     self._stall(grp.job, [v.rank, *v.ties])
                     found.append(v)
         return self.accept(found, now)

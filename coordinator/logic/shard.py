@@ -90,7 +90,7 @@ class ShardCore(CoordinatorCore):
             for grp in self.aligner.groups.values():
                 if grp.job not in self.terminated_jobs:
                     out.other += self.failures.judge(grp, now, self.wall_clock(), force=force)
-                for v in self.progress.lagging(grp):
+                for v in self.progress.lagging(grp, None if force else now):
                     self._stall(grp.job, [v.rank, *v.ties])
                     out.other.append(v)
         out.judged = {g.label: g.judged_through for g in self.aligner.groups.values()}

@@ -82,9 +82,34 @@ def test_lagging_rank_is_named_before_any_deadline() -> None:
         for b in sim.batches(step):
             if not (b.rank == 0 and step > 2):  # rank 0 stuck after step 2, the others run on
                 core.on_step(b)
+        clock.advance(0.3)  # a step takes longer than the lag scan's period
         found += core.tick()
     assert [(v.detector, v.rank, v.step) for v in found] == [("progress", 0, 3)]
     assert "behind" in found[0].evidence["rule"]
+
+
+def test_the_lag_scan_runs_a_few_times_a_second_not_at_every_tick() -> None:
+    """It walks every member: at 16k ranks and 20 ticks a second that was a few % of a core."""
+    core, clock = _core(deadline_s=1000.0, detectors={"progress": {"lag_steps": 3}})
+    sim = SyntheticTraining(ranks=4, tensors=16, seed=4)
+    _register(core, sim)
+    for step in range(6):
+        for b in sim.batches(step):
+            if b.rank != 0 or step < 2:
+                core.on_step(b)
+    assert core.tick() != []  # the first scan finds rank 0 behind at once
+    core2, clock2 = _core(deadline_s=1000.0, detectors={"progress": {"lag_steps": 3}})
+    _register(core2, sim)
+    core2.tick()  # scanned now: nobody behind yet
+    for step in range(6):
+        for b in sim.batches(step):
+            if b.rank != 0 or step < 2:
+                core2.on_step(b)
+    clock2.advance(0.1)
+    assert [v.detector for v in core2.tick()] == []  # within the scan's period: not looked at yet
+    clock2.advance(0.2)
+    assert [(v.detector, v.rank, v.step) for v in core2.tick()] == [("progress", 0, 2)]
+    assert [(v.detector, v.rank) for v in core2.drain()] == []  # named once
 
 
 def test_clean_finish_and_exit_zero_are_not_findings() -> None:
