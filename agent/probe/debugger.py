@@ -31,7 +31,7 @@ from rankscope.probe.token_range import TokenCounter, TokenRangeHooks, check_tok
 from rankscope.probe.watch import GRADS_UNSEEN
 from rankscope.wire.attach_report import say_once
 from rankscope.wire.layout import dump_label, position_file, rank_to_wire
-from rankscope.wire.position import PositionWriter
+from rankscope.wire.position import NO_TOKEN, PositionWriter
 from rankscope.wire.records import Kind, StepOutput
 
 log = logging.getLogger("rankscope.probe")
@@ -146,6 +146,7 @@ class PrecisionDebugger:
         self._flush(done)
         self.current_step += 1
         self.recorder.step = self.current_step
+        self._write_position(self.current_step, NO_TOKEN)
         self._save_count.clear()
         self.cells.new_step()
         self.apis.new_step()
@@ -267,15 +268,20 @@ class PrecisionDebugger:
             self.recorder.error("installing the RDR recorder", exc)
             return None
 
+    def _write_position(self, step: int, token: int) -> None:
+        # For the node agent after a crash: the step (token) this rank began; a step's
+        # records, or the tokens since the last heartbeat, may die unsent with it.
+        if self._position is None and self.client is not None:
+            self._position = PositionWriter(position_file(self.job, os.getpid()))
+        if self._position is not None:
+            self._position.write(step, token)
+
     def _on_token(self, index: int, in_range: bool) -> None:
         # A step's batch carries its *first* in-range token: the coordinator adds a
         # record's call index (``...forward.<n>``) to it to name the exact token.
         if in_range and self.recorder.token < 0:
             self.recorder.token = index
-        if self._position is None and self.client is not None:  # a node agent may need it
-            self._position = open_position(self.job)
-        if self._position is not None:
-            self._position.write(self.current_step, index)
+        self._write_position(self.current_step, index)
         self._update_dumping()
 
     def _update_dumping(self) -> None:
@@ -390,8 +396,3 @@ class PrecisionDebugger:
             except Exception as exc:  # noqa: BLE001
                 self.emit_errors += 1
                 r.error(f"sink {type(sink).__name__}", exc)
-
-
-def open_position(job: str) -> PositionWriter:
-    """Where this rank's (step, token) is kept for its node agent to read after a crash."""
-    return PositionWriter(position_file(job, os.getpid()))

@@ -1,8 +1,10 @@
 """A rank's position (step, token) kept where its node agent can read it after a crash.
 
 A worker killed in the middle of decoding (SIGKILL, ``os._exit``, a segfault) runs no
-code on the way out, and its last heartbeat may be several tokens old. So the rank
-writes its position into a small memory-mapped file at every root forward call; the
+code on the way out, and its last heartbeat may be several tokens old; a training rank
+killed just after a step may take that step's records with it, unsent. So the rank
+writes its position into a small memory-mapped file at every root forward call (serving)
+and at every step boundary (training: the step it began, ``NO_TOKEN``); the
 node agent, on the same host, reads it when the process is gone and reports it with
 the death. One aligned 8-byte store per call (step in the high half, token in the low
 half), so a reader never sees half an update, and nothing on the rank's side waits.
@@ -20,16 +22,21 @@ _LOW = 0xFFFFFFFF
 _EMPTY = -1
 
 
+#: The token half of a training rank's position: it began the step, it counts no tokens.
+NO_TOKEN = _LOW
+
+
 def pack(step: int, token: int) -> int:
     if not (0 <= step <= 0x7FFFFFFF and 0 <= token <= _LOW):
         return _EMPTY
     return (step << 32) | token
 
 
-def unpack(word: int) -> tuple[int, int] | None:
+def unpack(word: int) -> tuple[int, int | None] | None:
     if word < 0:
         return None
-    return word >> 32, word & _LOW
+    token = word & _LOW
+    return word >> 32, (None if token == NO_TOKEN else token)
 
 
 class PositionWriter:
@@ -74,17 +81,19 @@ class PositionWriter:
         self._map = None
 
 
-def position_from_wire(d: Any) -> tuple[int, int] | None:
-    """(step, token) from a RANK_LOST ``position``; None for anything malformed."""
+def position_from_wire(d: Any) -> tuple[int, int | None] | None:
+    """(step, token) from a RANK_LOST ``position`` (token None: a training step, no tokens);
+    None for anything malformed."""
     if not isinstance(d, dict):
         return None
     step, token = d.get("step"), d.get("token")
-    if any(isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in (step, token)):
+    if any(isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in (step, token) if v is not None) \
+            or step is None:
         return None
     return step, token
 
 
-def read_position(path: str, remove: bool = True) -> dict[str, int] | None:
+def read_position(path: str, remove: bool = True) -> dict[str, int | None] | None:
     """``{"step", "token"}`` the rank last wrote, or None (no file, nothing written)."""
     try:
         with open(path, "rb") as f:

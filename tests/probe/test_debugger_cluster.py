@@ -95,3 +95,22 @@ def test_sentinels_stream_and_pause_resume_at_step_boundaries(tmp_path, cluster)
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_a_rank_that_dies_between_steps_leaves_the_step_it_began_for_its_agent(tmp_path, cluster):
+    """os._exit right after a step: that step's records may die queued in the rank, but the
+    position it wrote at the step boundary reaches the coordinator with its death."""
+    coord, listen = cluster
+    script = tmp_path / "rank.py"
+    rank = RANK.replace("STEPS", "50").replace(
+        "for step in range(50):\n", "for step in range(50):\n    if step == 4:\n        import os; os._exit(137)\n")
+    assert "_exit" in rank
+    script.write_text(rank)
+    env = dict(os.environ, RANKSCOPE_ATTACH="1", RANKSCOPE_AGENT=listen, RANKSCOPE_JOB="j", RANK_ID="3",
+               RANKSCOPE_DUMP_PATH=str(tmp_path / "dump"), GLOG_v="3",
+               PYTHONPATH=os.pathsep.join([str(ROOT / "agent" / "_attach"), str(ROOT)]))
+    proc = subprocess.run([sys.executable, str(script)], env=env, cwd=tmp_path, capture_output=True, text=True,
+                          timeout=180)
+    assert proc.returncode == 137, proc.stderr[-2000:]
+    [lost] = coord.wait_for(lambda m: m.type == "rank_lost", timeout=30)
+    assert lost.body["position"] == {"step": 4, "token": None}

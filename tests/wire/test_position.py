@@ -5,12 +5,13 @@ import subprocess
 import sys
 
 from rankscope.wire.layout import position_file
-from rankscope.wire.position import PositionWriter, pack, position_from_wire, read_position, unpack
+from rankscope.wire.position import NO_TOKEN, PositionWriter, pack, position_from_wire, read_position, unpack
 
 
 def test_pack_round_trips_and_refuses_what_does_not_fit():
     assert unpack(pack(3, 17)) == (3, 17)
-    assert unpack(pack(2**31 - 1, 2**32 - 1)) == (2**31 - 1, 2**32 - 1)
+    assert unpack(pack(2**31 - 1, 2**32 - 2)) == (2**31 - 1, 2**32 - 2)
+    assert unpack(pack(6, NO_TOKEN)) == (6, None)  # a training step begun: no token
     assert unpack(pack(-1, 0)) is None and unpack(pack(0, 2**32)) is None
 
 
@@ -45,7 +46,8 @@ def test_an_unwritable_place_costs_nothing():
 
 def test_the_wire_form_is_checked():
     assert position_from_wire({"step": 2, "token": 5}) == (2, 5)
-    for bad in (None, [], {"step": 1}, {"step": -1, "token": 0}, {"step": True, "token": 1}, {"step": 1, "token": "3"}):
+    assert position_from_wire({"step": 6, "token": None}) == (6, None)
+    for bad in (None, [], {"token": 1}, {"step": None, "token": None}, {"step": -1, "token": 0}, {"step": True, "token": 1}, {"step": 1, "token": "3"}):
         assert position_from_wire(bad) is None
 
 

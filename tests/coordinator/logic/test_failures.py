@@ -195,6 +195,17 @@ def test_a_serving_worker_killed_mid_decode_is_named_with_its_request_batch_and_
                                                                                     (2, "running", 3)]
 
 
+def test_a_training_rank_whose_last_steps_records_died_with_it_is_named_at_the_step_it_began():
+    # os._exit right after finishing step 5: its step-5 records were still queued in the
+    # rank (the agent saw step 4 last), but at the step boundary it wrote that it began 6.
+    core, clock, _ = make(world=2)
+    core.on_heartbeat("j", 0, 5, "running", started=6)
+    core.on_rank_lost("j", 1, 4, 137, "exited", died_at=T0, position=(6, None))
+    [v] = settle(core, clock)
+    assert (v.rank, v.step, v.token) == (1, 6, None)
+    assert v.evidence["manner"] == "exited with status 137"
+
+
 def test_a_position_from_an_older_step_gives_no_token():
     core, clock, _ = make(world=2)
     core.on_heartbeat("j", 0, 6, "running", started=7)
