@@ -8,8 +8,9 @@ part too, because a shard decides on its own that rank r reported step s (see
 go in one STEPS frame (:mod:`rankscope.wire.step_pack`; the ranks of a node report a step
 together), each part keeping its rank's src and seq, so each shard's replay filter drops
 spool replays the way the verdict actor's does, and its acks name the same "job|src" keys
-(a pack is confirmed once every part's key is). Each shard has its own :class:`Uplink` and spool (``<spool>/shard-<i>``): a
-shard that was away gets exactly the frames it missed, and its acks trim only its spool.
+(a pack is confirmed once every part's key is). Each shard has its own :class:`Uplink` and
+spool (``<spool>/shard-<i>``): a shard that was away gets exactly the frames it missed, and
+its acks trim only its spool.
 
 Everything else (registrations, heartbeats, losses, status, bundles) still goes to the
 verdict actor, and so do steps sent before the first answer (it relays those to the shards).

@@ -90,7 +90,8 @@ def still_live(status: dict[str, Any] | None) -> list[int]:
                   if heard_from(info or {}) and (info or {}).get("state") not in ("finished", "lost"))
 
 
-def end_command_now(terminated_at: float | None, now: float, grace_s: float, status: dict[str, Any] | None) -> str | None:
+def end_command_now(terminated_at: float | None, now: float, grace_s: float,
+                    status: dict[str, Any] | None) -> str | None:
     """Why the command of a terminated job is killed now (None: not yet): its grace is
     over, or no rank of it is left (what still runs is the launcher's own teardown, which
     can wait on a peer that is gone for as long as the grace)."""

@@ -109,7 +109,8 @@ class ShardService(Handlers):
                 self._held.append(batches)
             return
         if self._names_out is not None:
-            named = [[job, rank, names] for job, rank, names in named_parts(batches) if rank_from_wire(rank) is not None]
+            named = [[job, rank, names] for job, rank, names in named_parts(batches)
+                     if rank_from_wire(rank) is not None]
             if named:
                 self._names_out.write("".join(json.dumps(x) + "\n" for x in named))
                 self._names_out.flush()

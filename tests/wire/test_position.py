@@ -47,7 +47,8 @@ def test_an_unwritable_place_costs_nothing():
 def test_the_wire_form_is_checked():
     assert position_from_wire({"step": 2, "token": 5}) == (2, 5)
     assert position_from_wire({"step": 6, "token": None}) == (6, None)
-    for bad in (None, [], {"token": 1}, {"step": None, "token": None}, {"step": -1, "token": 0}, {"step": True, "token": 1}, {"step": 1, "token": "3"}):
+    for bad in (None, [], {"token": 1}, {"step": None, "token": None}, {"step": -1, "token": 0},
+                {"step": True, "token": 1}, {"step": 1, "token": "3"}):
         assert position_from_wire(bad) is None
 
 

@@ -20,7 +20,8 @@ COLS = protocol.STEP_COLUMNS
 
 def _parts(n_ranks: int = 3, tensors: int = 5, step: int = 0) -> list:
     rng = np.random.default_rng(1)
-    return [(f"rank:{r}", 100 + r, simulated_batch("j", r, step, tensors if r != 1 else 2, rng)) for r in range(n_ranks)]
+    return [(f"rank:{r}", 100 + r, simulated_batch("j", r, step, tensors if r != 1 else 2, rng))
+            for r in range(n_ranks)]
 
 
 def test_a_pack_comes_back_part_by_part_with_every_column_and_header():
