@@ -81,6 +81,9 @@ class Group:
         self.state: dict[str, Any] = {}  # per-detector history, owned by the detectors
         self.fixed = fixed
         self.generation = 0  # bumped when a new run reuses the job id (reset_group)
+        #: Members that ever reported a sync point: none (collectives not watched, e.g. a
+        #: serving job) spares the hang scan its walk over every member.
+        self.synced = 0
 
     def ranks(self) -> np.ndarray:
         return np.fromiter((m.rank for m in self.members), np.int64, len(self.members))

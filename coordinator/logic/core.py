@@ -122,6 +122,8 @@ class CoordinatorCore:
             rec.started = started
         if sync is not None and (rec.sync is None or (sync.key(), sync.phase != "in") >= (rec.sync.key(),
                                                                                            rec.sync.phase != "in")):
+            if rec.sync is None:
+                rec.group.synced += 1
             rec.sync = sync
         new = _HEARTBEAT_STATES.get(state)
         if new is None or rec.state in (RankState.LOST, RankState.FINISHED):
@@ -309,7 +311,7 @@ class CoordinatorCore:
         for (job, _), rec in self.aligner.ranks.items():
             if rec.last_step > newest.get(job, -1):
                 newest[job] = rec.last_step
-        return max((newest[rec.job] - rec.last_step for rec in self.aligner.ranks.values()
+        return max((newest.get(rec.job, -1) - rec.last_step for rec in self.aligner.ranks.values()
                     if rec.state in LIVE_STATES), default=0)
 
     def status(self) -> dict[str, Any]:

@@ -129,7 +129,7 @@ class FailureJudge:
             if dead_absent:
                 cause = dead_absent[0]
             else:
-                hung = [m for m in group.members if m.rank in absent and m.state in LIVE_STATES | {RankState.STALLED}]
+                hung = [m for m in group.members if m.rank in absent and m.state in _WAITED_ON]
         if cause is None and not hung:
             if is_stop(((d.rank, d.signal, d.died_at) for d in deaths), group.members):
                 return None  # stopped from outside: nobody failed first
@@ -189,21 +189,26 @@ class FailureJudge:
     def _hang(self, group: Group, wall_now: float) -> Verdict | None:
         """With nobody dead: live ranks inside one collective for ``hang_timeout_s`` while
         a peer never entered it."""
-        syncs = {m.rank: m.sync for m in group.members if m.sync is not None and m.state in LIVE_STATES
-                 | {RankState.STALLED}}
+        if not group.synced:
+            return None
+        syncs = {m.rank: m.sync for m in group.members if m.sync is not None and m.state in _WAITED_ON}
         blocking = _blocking(syncs)
         if blocking is None or (group.label, blocking.key()) in self._hung:
             return None
         if wall_now - blocking.at < self.hang_timeout_s:
             return None
         absent = _never_entered(group, syncs, blocking)
-        hung = [m for m in group.members if m.rank in absent and m.state in LIVE_STATES | {RankState.STALLED}]
+        hung = [m for m in group.members if m.rank in absent and m.state in _WAITED_ON]
         if not hung:
             return None
         return self._hang_verdict(group, hung, syncs, blocking, [])
 
 
 # --- helpers ------------------------------------------------------------------------------
+#: Ranks that can be inside a collective (a stalled one is: it is what a hang looks like).
+_WAITED_ON = LIVE_STATES | {RankState.STALLED}
+
+
 def _sync_points(group: Group, deaths: dict[int, Death]) -> dict[int, SyncPoint]:
     """Each member's newest known sync point: from its heartbeats, or from its agent's
     report of its death, whichever is newer."""

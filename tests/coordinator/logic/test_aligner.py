@@ -263,6 +263,7 @@ def test_max_lag_is_the_status_lag_of_the_furthest_behind_live_rank() -> None:
     t = [NameTable() for _ in range(4)]
     for r in range(4):
         core.on_register("j", r, {"world_size": 4})
+    assert core.max_lag() == 0  # registered, no step yet: nobody lags (and nothing raises)
     for r, last in ((0, 5), (1, 2), (2, 4), (3, 0)):
         for s in range(last + 1):
             core.on_step(_batch(t[r], r, s, [("a", Kind.PARAM, 1.0)]))
