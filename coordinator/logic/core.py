@@ -16,6 +16,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+import numpy as np
+
 from rankscope.config.cluster import ClusterSettings, parse_cluster
 from rankscope.config.watchpoints import parse_watchpoints
 from rankscope.coordinator.logic.aligner import (
@@ -307,12 +309,17 @@ class CoordinatorCore:
     def max_lag(self) -> int:
         """The largest gap, in steps, between a job's newest step and a live rank's: the
         ``lag`` of :meth:`status` without building a row per rank."""
-        newest: dict[str, int] = {}
-        for (job, _), rec in self.aligner.ranks.items():
-            if rec.last_step > newest.get(job, -1):
-                newest[job] = rec.last_step
-        return max((newest.get(rec.job, -1) - rec.last_step for rec in self.aligner.ranks.values()
-                    if rec.state in LIVE_STATES), default=0)
+        # Column-wise per group: a verdict actor runs this every second over every rank.
+        by_job: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {}
+        for grp in self.aligner.groups.values():
+            if grp.members:
+                steps = np.fromiter((m.last_step for m in grp.members), np.int64, len(grp.members))
+                by_job.setdefault(grp.job, []).append((steps, grp.live_mask()))
+        lag = 0
+        for parts in by_job.values():
+            newest = max(int(steps.max()) for steps, _ in parts)
+            lag = max([lag] + [newest - int(steps[live].min()) for steps, live in parts if live.any()])
+        return lag
 
     def status(self) -> dict[str, Any]:
         now = self.clock()
