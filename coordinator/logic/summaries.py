@@ -98,3 +98,18 @@ def merge_proofs(proofs: list[dict[str, Any]], owner: int | None = None) -> dict
         out["nonfinite_chain"] = {"from_step": chains[0]["from_step"], "records": rows[:MAX_CHAIN_RECORDS],
                                   "more": max(0, total - MAX_CHAIN_RECORDS)}
     return out
+
+
+#: Aligner counters that count records: every record goes to one shard, so they add up.
+#: The others count steps or rank-steps, which every shard sees (each holds its share of
+#: every step): the largest shard's figure is the job's.
+_ADDED_COUNTERS = frozenset({"records", "late_records", "unknown_name_records", "bad_names"})
+
+
+def merge_counters(counters: list[dict[str, int]]) -> dict[str, int]:
+    """The aligner counters one core would show, from each shard's own."""
+    out: dict[str, int] = {}
+    for c in counters:
+        for k, v in c.items():
+            out[k] = out.get(k, 0) + v if k in _ADDED_COUNTERS else max(out.get(k, 0), v)
+    return out

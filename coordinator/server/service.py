@@ -296,8 +296,11 @@ class CoordinatorService(Handlers):
         }
 
     def _shard_status(self) -> dict:
+        from rankscope.coordinator.logic.summaries import merge_counters
         shards = self.link.status()
-        return {"shards": shards, "records": sum(s.get("records", 0) for s in shards)}
+        # The verdict actor takes no records itself: its counters are the shards'.
+        return {"shards": shards, "records": sum(s.get("records", 0) for s in shards),
+                "counters": merge_counters([s["counters"] for s in shards if s.get("counters")])}
 
     def _coverage(self) -> dict[str, dict]:
         jobs = {j for j, _ in self.core.aligner.ranks}

@@ -12,7 +12,7 @@ from test_sharded_verdicts import SETTINGS, _scenario
 from rankscope.coordinator.logic.core import CoordinatorCore
 from rankscope.coordinator.logic.coverage import ShardedCoverage, StepRanges, describe
 from rankscope.coordinator.logic.sharded import ShardedCore
-from rankscope.coordinator.logic.summaries import combine_rows, merge_proofs
+from rankscope.coordinator.logic.summaries import combine_rows, merge_counters, merge_proofs
 
 
 def _run(core, sim, stream):
@@ -48,6 +48,26 @@ def test_k_shards_keep_what_one_core_keeps(seed) -> None:
         sc = ShardedCore(SETTINGS, FakeClock(), k)
         sc.clock = sc.core.clock
         assert _kept(sc, _run(sc, sim, stream)) == want, f"{k} shards"
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_k_shards_counters_merge_to_one_cores(seed) -> None:
+    """What a sharded coordinator's status shows as its counters (the verdict side takes no
+    records itself): records added over the shards, steps as any shard judged them."""
+    sim, stream = _scenario(seed)
+    one = CoordinatorCore(SETTINGS, clock=FakeClock())
+    _run(one, sim, stream)
+    want = dict(one.aligner.counters)
+    assert want["records"] > 0 and want["steps_judged"] == 12
+    for k in (2, 3):
+        sc = ShardedCore(SETTINGS, FakeClock(), k)
+        sc.clock = sc.core.clock
+        _run(sc, sim, stream)
+        got = merge_counters([dict(s.aligner.counters) for s in sc.shards])
+        assert {c: got[c] for c in ("records", "steps_judged", "steps_by_deadline", "late_records",
+                                    "unknown_name_records")} == \
+            {c: want[c] for c in ("records", "steps_judged", "steps_by_deadline", "late_records",
+                                  "unknown_name_records")}, f"{k} shards"
 
 
 def test_a_step_one_shard_did_not_judge_is_not_seen() -> None:

@@ -50,6 +50,7 @@ def test_two_shards_name_the_rank_and_the_cluster_pauses(tmp_path):
         assert all(s["records"] > 0 for s in st["shards"])  # both took records straight from the agent
         assert st["metrics"]["records_ingested"] == 0  # none went through the verdict actor
         assert sum(s["records"] for s in st["shards"]) == 4 * 6 * 12
+        assert st["counters"]["records"] == 4 * 6 * 12  # the status counters are the shards'
         assert wait_for(lambda: ray.get(h.status.remote())["last_judged_step"] >= 4)
         # The verdict actor knows where every rank is, though it saw none of their records:
         # steps 0-5 handed over, so the cut is step 7, as with one coordinator.
