@@ -39,7 +39,7 @@ class _CoordinatorActor:
             handles = start_shards(count, cluster, job, me, bind, curve)
             link = ShardLink(handles, ray.get([h.endpoint.remote() for h in handles], timeout=60))
         self._svc = CoordinatorService(export_dir, cluster, bind=bind, job=job, curve=keys,
-                                       ray_metrics=True, config=config, link=link)
+                                       ray_metrics=True, config=config, link=link, pace_gc=True)
         self._endpoint = self._svc.start()
 
     def shard_findings(self, findings: dict) -> None:

@@ -18,6 +18,7 @@ from typing import Any
 from rankscope.coordinator.logic.identities import JobIdentities
 from rankscope.coordinator.server.actions import ActionPerformer
 from rankscope.coordinator.server.frontend import Frontend, Handlers, Peer
+from rankscope.coordinator.server.gc_pace import GcPacer
 from rankscope.coordinator.server.metrics import CoordinatorMetrics
 from rankscope.wire import job_config, protocol
 from rankscope.wire.layout import rank_from_wire
@@ -33,9 +34,11 @@ class CoordinatorService(Handlers):
     def __init__(self, export_dir: str | Path, cluster: dict | None = None, *,
                  bind: str = "tcp://127.0.0.1:0", job: str | None = None, curve: Any = None,
                  tick_s: float = 0.05, ray_metrics: bool = False, config: dict | None = None,
-                 link: Any = None) -> None:
+                 link: Any = None, pace_gc: bool = False) -> None:
         """``link``: a :class:`~rankscope.coordinator.server.shards.ShardLink` when records are
-        judged by ingest shards; this service then merges their findings and files them."""
+        judged by ingest shards; this service then merges their findings and files them.
+        ``pace_gc``: the process is this service's own (an actor): pace its full garbage
+        collections (:mod:`.gc_pace`)."""
         from rankscope.config.cluster import parse_cluster
         from rankscope.coordinator.logic.core import CoordinatorCore
 
@@ -61,6 +64,7 @@ class CoordinatorService(Handlers):
         self.actions = ActionPerformer(self.core, self.export_dir, self._send_control)
         self.collector = None  # rankscope.coordinator.server.dump_collect.DumpCollector, created on first collect
         self.last_judged_step = -1
+        self.gc = GcPacer() if pace_gc else None
         self.judged_walls: collections.deque[tuple[int, float]] = collections.deque(maxlen=512)
         self._next_lag = 0.0
         self._known_incidents = {d["incident_id"] for d in self.core.incidents()}  # restored ones
@@ -77,7 +81,7 @@ class CoordinatorService(Handlers):
             self.actions.proof = self._shard_proof
             from rankscope.coordinator.logic.shard import resync_events
             link.snapshot = lambda: resync_events(self.core)  # called on the loop thread (flush)
-            self.ingest = _FanOut(self.core, link)
+            self.ingest = link.fan_out(self.core)
             self._replies: list[tuple] = []
             self._told_terminated: set[str] = set()
 
@@ -179,6 +183,8 @@ class CoordinatorService(Handlers):
             # When each step was judged (detection latency = this - the step's last frame sent).
             self.judged_walls.append((newest, time.time()))
             self.last_judged_step = newest
+            if self.gc is not None:
+                self.gc.judged()
         rejected = sum(self.frontend.decoder.rejected.values())
         opened = 0
         if verdicts:
@@ -389,15 +395,3 @@ class CoordinatorService(Handlers):
     def _in_flight(self) -> bool:
         return any(d["state"] in ("detected", "pausing", "exporting") for d in self.core.incidents())
 
-
-class _FanOut:
-    """What a rank says goes to the filing core now and to every shard with the next flush."""
-
-    def __init__(self, core: Any, link: Any) -> None:
-        self._core, self._link = core, link
-
-    def __getattr__(self, name: str) -> Any:
-        def call(*args: Any, **kw: Any) -> Any:
-            self._link.event(name, *args, **kw)
-            return getattr(self._core, name)(*args, **kw)
-        return call

@@ -32,6 +32,7 @@ from typing import Any, Callable
 import ray
 
 from rankscope.coordinator.server.frontend import Frontend, Handlers, Peer
+from rankscope.coordinator.server.gc_pace import GcPacer
 from rankscope.wire.layout import rank_from_wire
 from rankscope.wire.protocol import Message
 from rankscope.wire.step_pack import named_parts, record_count
@@ -73,9 +74,10 @@ class ShardService(Handlers):
 
     def __init__(self, index: int, cluster: dict, bind: str, job: str | None, verdict: Any,
                  curve: Any = None, tick_s: float = 0.05, *, names: Path | None = None,
-                 restarted: bool = False) -> None:
+                 restarted: bool = False, pace_gc: bool = False) -> None:
         """``names``: the file the ranks' tensor names are kept in for a restart;
-        ``restarted``: this is that restart (records wait for the verdict actor's resync)."""
+        ``restarted``: this is that restart (records wait for the verdict actor's resync);
+        ``pace_gc``: the process is this shard's own (:mod:`.gc_pace`)."""
         from rankscope.config.cluster import parse_cluster
         from rankscope.coordinator.logic.shard import ShardCore
         self.index = index
@@ -89,6 +91,7 @@ class ShardService(Handlers):
         self._names_path = names
         self._names_out = open(names, "a", encoding="utf-8") if names is not None else None
         self._held: list | None = [] if restarted else None
+        self.gc = GcPacer() if pace_gc else None
         self.restarts = 1 if restarted else 0
         self.records = 0
         self.first_wall: float | None = None
@@ -129,6 +132,8 @@ class ShardService(Handlers):
         if f.steps or f.other or f.covered or f.judged != self._judged:
             self._judged = dict(f.judged)
             self._push(f.to_dict())
+        if f.covered and self.gc is not None:
+            self.gc.judged()
 
     def _push(self, findings: dict) -> None:
         self._verdict.shard_findings.remote(findings)  # not awaited: the verdict actor merges in order
@@ -229,7 +234,7 @@ class _ShardActor:
         if restarted and (state / "endpoint").is_file():
             bind = (state / "endpoint").read_text().strip()  # the same port: agents reconnect to it
         self._svc = ShardService(index, cluster, bind, job, verdict, keys, names=state / "names.jsonl",
-                                 restarted=restarted)
+                                 restarted=restarted, pace_gc=True)
         self._endpoint = self._svc.start()
         (state / "endpoint").write_text(self._endpoint)
         if restarted:
@@ -309,6 +314,11 @@ class ShardLink:
         for q in self._queue:
             q.append((name, args, kw))
 
+    def fan_out(self, core: Any) -> "_FanOut":
+        """``core`` as the verdict actor's ingest: what a rank says goes to it now and to
+        every shard with the next flush."""
+        return _FanOut(core, self)
+
     def steps(self, batches: list) -> None:
         """STEP frames that came to the verdict actor (an agent that does not route):
         split here and handed on."""
@@ -376,3 +386,14 @@ class ShardLink:
                 ray.kill(h)
             except Exception:  # noqa: BLE001
                 pass
+
+
+class _FanOut:
+    def __init__(self, core: Any, link: ShardLink) -> None:
+        self._core, self._link = core, link
+
+    def __getattr__(self, name: str) -> Any:
+        def call(*args: Any, **kw: Any) -> Any:
+            self._link.event(name, *args, **kw)
+            return getattr(self._core, name)(*args, **kw)
+        return call
