@@ -199,6 +199,12 @@ class CoordinatorCore:
         found: list[Verdict] = []
         for grp, view in self.aligner.ready(now, force=force):
             found += self._judge_step(grp, view, report_missing=not force or view.by_deadline)
+        return self.accept(found + self._liveness(now, force), now)
+
+    def _liveness(self, now: float, force: bool) -> list[Verdict]:
+        """Crashes, hangs and lagging ranks of every group (a lagging rank is stalled: no
+        step waits for it any more)."""
+        found: list[Verdict] = []
         if self.settings.detectors.progress.enabled:
             for grp in self.aligner.groups.values():
                 if grp.job not in self.terminated_jobs:
@@ -206,7 +212,7 @@ class CoordinatorCore:
                 for v in self.progress.lagging(grp, None if force else now):
                     self._stall(grp.job, [v.rank, *v.ties])
                     found.append(v)
-        return self.accept(found, now)
+        return found
 
     def accept(self, found: list[Verdict], now: float | None = None) -> list[Verdict]:
         """File verdicts (this core's own, or merged from ingest shards): the repeats a

@@ -31,14 +31,13 @@ from typing import Any, Callable
 
 from rankscope.coordinator.logic.aligner import LIVE_STATES, Group, RankRecord, RankState
 from rankscope.coordinator.logic.detectors.common import MAX_EVIDENCE_RANKS
+from rankscope.coordinator.logic.pace import Pace
 from rankscope.coordinator.logic.stops import is_stop
 from rankscope.coordinator.logic.verdict import Verdict
 from rankscope.wire.sync import SyncPoint
 
 #: Deaths this close together are ties unless one of them is a launcher's kill.
 TIE_S = 0.05
-#: How often a group is scanned for a hang (its members' sync points).
-HANG_CHECK_S = 0.25
 #: Signals a launcher uses to take a job down: a death by one of them after another
 #: rank's death is a consequence.
 _TEARDOWN_SIGNALS = (signal.SIGKILL, signal.SIGTERM)
@@ -77,7 +76,7 @@ class FailureJudge:
         self.settle_s, self.teardown_s, self.hang_timeout_s = settle_s, teardown_s, hang_timeout_s
         self.episodes: dict[str, Episode] = {}  # group label -> the open episode
         self._hung: set[tuple[str, tuple[int, int]]] = set()  # (group, collective) already judged
-        self._next_hang_check: dict[str, float] = {}  # group label -> when to look for a hang next
+        self._hang_scan = Pace()  # per group label: its members' sync points
 
     def death(self, group: Group, d: Death, now: float) -> None:
         ep = self.episodes.get(group.label)
@@ -106,10 +105,7 @@ class FailureJudge:
                 ep.stopped = True
                 return []
             return [ep.verdict]
-        if (ep is None or (ep.verdict is None and not ep.stopped)) and (force or now >= self._next_hang_check.get(group.label, now)):
-            # A scan of every member's sync point: a few times a second is plenty against
-            # a timeout of minutes, and keeps it out of most of the ingest loop's ticks.
-            self._next_hang_check[group.label] = now + HANG_CHECK_S
+        if (ep is None or (ep.verdict is None and not ep.stopped)) and (force or self._hang_scan.due(group.label, now)):
             hung = self._hang(group, wall_now)
             if hung is not None:
                 return [hung]

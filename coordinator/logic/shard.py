@@ -86,13 +86,7 @@ class ShardCore(CoordinatorCore):
         for grp, view in self.aligner.ready(now, force=force):
             out.steps += [(view.step, v) for v in
                           self._judge_step(grp, view, report_missing=not force or view.by_deadline)]
-        if self.settings.detectors.progress.enabled:
-            for grp in self.aligner.groups.values():
-                if grp.job not in self.terminated_jobs:
-                    out.other += self.failures.judge(grp, now, self.wall_clock(), force=force)
-                for v in self.progress.lagging(grp, None if force else now):
-                    self._stall(grp.job, [v.rank, *v.ties])
-                    out.other.append(v)
+        out.other = self._liveness(now, force)
         out.judged = {g.label: g.judged_through for g in self.aligner.groups.values()}
         out.progress, self._progress = self._progress, {}
         out.covered, self._covered = self._covered, []

@@ -18,11 +18,8 @@ from rankscope.coordinator.logic.aligner import (
     StepView,
 )
 from rankscope.coordinator.logic.detectors.common import MAX_EVIDENCE_RANKS
+from rankscope.coordinator.logic.pace import Pace
 from rankscope.coordinator.logic.verdict import Verdict
-
-#: How often the lag scan runs when given the time: it walks every member (16k ranks: a few
-#: ms), and a lag of several steps needs no looking for at every tick of 20 a second.
-LAG_CHECK_S = 0.25
 
 
 class ProgressDetector:
@@ -30,7 +27,7 @@ class ProgressDetector:
 
     def __init__(self, settings: ProgressSettings) -> None:
         self.settings = settings
-        self._next_check: dict[str, float] = {}  # group label -> when to scan it next
+        self._lag_scan = Pace()  # per group label
 
     def _verdict(self, recs: list[RankRecord], group: str, job: str, evidence: dict[str, Any]) -> Verdict:
         # The first diverging rank is the one that stopped earliest; equal stops are ties.
@@ -57,14 +54,11 @@ class ProgressDetector:
 
     def lagging(self, group: Group, now: float | None = None) -> list[Verdict]:
         """Live ranks more than ``lag_steps`` behind the group's newest; with ``now``, at
-        most every LAG_CHECK_S per group (without: every call, e.g. at the job's end)."""
+        most every :data:`~..pace.MEMBER_SCAN_S` per group (without: every call, e.g. at the
+        job's end)."""
         lag_steps = self.settings.lag_steps
-        if lag_steps is None:
+        if lag_steps is None or (now is not None and not self._lag_scan.due(group.label, now)):
             return []
-        if now is not None:
-            if now < self._next_check.get(group.label, now):
-                return []
-            self._next_check[group.label] = now + LAG_CHECK_S
         live = [m for m in group.members if m.state in LIVE_STATES]
         if len(live) < 2:
             return []
