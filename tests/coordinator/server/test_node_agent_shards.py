@@ -43,7 +43,17 @@ def test_agent_routes_steps_to_both_shards_and_the_fault_is_named(tmp_path):
         st = wait_for(lambda: (s := ray.get(h.status.remote()))["records"] == 2 * per_shard and s, timeout=60)
         assert [s["records"] for s in st["shards"]] == [per_shard, per_shard], st["shards"]
         assert st["metrics"]["records_ingested"] == 0, (tmp_path / "agent.log").read_text()[-3000:]  # none relayed
-        assert wait_for(lambda: ray.get(h.status.remote())["last_judged_step"] == STEPS - 1, timeout=60)
+        seen: dict = {}
+
+        def judged_all() -> bool:
+            seen.update(ray.get(h.status.remote(), timeout=30))
+            return seen["last_judged_step"] == STEPS - 1
+        try:
+            wait_for(judged_all, timeout=60)
+        except AssertionError as exc:  # say where each side stood (seen once in CI, not here)
+            raise AssertionError(f"{exc}; verdict actor judged through {seen.get('last_judged_step')}, "
+                                 f"shards judged {[x.get('judged') for x in seen.get('shards', [])]}, pending "
+                                 f"{[x.get('pending_steps') for x in seen.get('shards', [])]}") from None
     finally:
         for p in ranks:
             stop(p)
