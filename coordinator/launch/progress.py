@@ -158,5 +158,8 @@ def _other_findings(incident: dict[str, Any], most: int = 3) -> list[dict[str, A
 
 def _later(v: dict[str, Any]) -> str:
     token = f", token {v['token']}" if v.get("token") is not None else ""
-    where = f" ({v['tensor']})" if v.get("tensor") else ""
+    # A value finding names its tensor; a crash or hang filed under an open incident says how
+    # the rank failed, or the line would not say that it was a death at all.
+    how = v.get("tensor") or (v.get("evidence") or {}).get("manner")
+    where = f" ({how})" if how else ""
     return f"{shown(v.get('detector'))} names rank {shown(v.get('rank'))} at step {shown(v.get('step'))}{token}{where}"

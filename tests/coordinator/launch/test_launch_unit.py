@@ -119,6 +119,16 @@ def test_a_crash_verdict_shows_the_token_the_others_and_later_findings():
     assert "also     : nan_origin names rank 2 at step 2, token 3 (Cell.a.forward.1)" in text
 
 
+def test_a_crash_filed_under_an_earlier_incident_says_how_the_rank_failed():
+    text = format_verdict({
+        "first_diverging_rank": 1, "detector": "replica", "step": 1, "token": 2, "tensor": "Cell.q.forward.2",
+        "ties": [], "evidence": {"rule": "md5 differs from the replicas'"},
+        "related_verdicts": [{"detector": "progress", "rank": 0, "step": 3, "token": 1, "tensor": None,
+                              "evidence": {"manner": "killed by SIGKILL while at token 1"}}]})
+    assert "rank 1 diverged first" in text
+    assert "also     : progress names rank 0 at step 3, token 1 (killed by SIGKILL while at token 1)" in text
+
+
 def test_agent_mode_joins_the_hosts_agent_and_returns_the_command_status(tmp_path):
     # Multi-node (Slurm, bare metal, k8s): no Ray, no coordinator, no agent of its own;
     # the ranks get the host agent's endpoint and the job id every node shares.
