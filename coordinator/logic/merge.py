@@ -45,7 +45,10 @@ class VerdictMerge:
     def add(self, f: ShardFindings) -> None:
         if not 0 <= f.shard < self.count:
             raise ValueError(f"shard: {f.shard} is not one of this merge's {self.count} shards")
-        self.judged[f.shard].update(f.judged)
+        mine = self.judged[f.shard]
+        for group, step in f.judged.items():  # never back: findings given up on arrive late (.in_order)
+            if step > mine.get(group, -1):
+                mine[group] = step
         for job, steps in f.progress.items():
             self.progress.setdefault(job, {}).update(steps)
         for step, v in f.steps:

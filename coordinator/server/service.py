@@ -74,7 +74,8 @@ class CoordinatorService(Handlers):
             from rankscope.coordinator.logic.coverage import ShardedCoverage
             from rankscope.coordinator.logic.merge import VerdictMerge
             from rankscope.coordinator.logic.summaries import ShardSummaries
-            self.merge = VerdictMerge(len(link.handles))
+            from rankscope.coordinator.server.findings_in import FindingsInbox
+            self.merge, self.inbox = VerdictMerge(len(link.handles)), FindingsInbox()
             # Coverage and the report's curves come from the shards, which see the records.
             self.core.coverage = ShardedCoverage(len(link.handles))
             self.summaries = ShardSummaries(len(link.handles), self.core.coverage, self.core.series)
@@ -208,28 +209,30 @@ class CoordinatorService(Handlers):
         self._replies = []
         for ident, job, detail in replies:
             self.frontend.send_status(ident, "assigned", job=job, detail=detail)
+        self._add_findings(self.inbox.take())
         for job, steps in self.merge.take_progress().items():
             self.core.on_progress(job, steps)
         return self.core.tick(now) + self.core.accept(self.merge.release(), now)
 
     def shard_findings(self, findings: dict) -> None:
-        """A shard's findings of one tick (any thread; merged on the loop thread)."""
-        self.frontend.call(self._add_findings, findings)
+        """A shard's findings of one tick (any thread; merged on the loop thread, in its order)."""
+        self.inbox.put(findings)
 
     def shard_restarted(self, index: int) -> None:
         """Ray started shard ``index`` again (any thread): tell it the job with the next flush."""
         log.warning("ingest shard %d was restarted; its unjudged steps are lost (not seen)", index)
         self.frontend.call(self.link.restarted, index)
 
-    def _add_findings(self, findings: dict) -> None:
+    def _add_findings(self, found: list[dict]) -> None:
         from rankscope.coordinator.logic.shard import ShardFindings
-        f = ShardFindings.from_dict(findings)
-        self.merge.add(f)
-        self.summaries.add(f)
+        for f in map(ShardFindings.from_dict, found):
+            self.merge.add(f)
+            self.summaries.add(f)
 
     def _drain_shards(self) -> list:
-        for d in self.link.drain():
-            self._add_findings(d)
+        for d in self.link.drain():  # numbered after the pushes: they may still be on their way
+            self.inbox.put(d)
+        self._add_findings(self.inbox.settle(5.0))
         return self.core.accept(self.merge.release(force=True)) + self.core.drain()
 
     def _shard_proof(self, verdict: dict) -> dict:

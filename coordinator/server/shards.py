@@ -31,6 +31,7 @@ from typing import Any, Callable
 
 import ray
 
+from rankscope.coordinator.logic.in_order import InOrder
 from rankscope.coordinator.server.frontend import Frontend, Handlers, Peer
 from rankscope.coordinator.server.gc_pace import GcPacer
 from rankscope.wire.layout import rank_from_wire
@@ -86,8 +87,8 @@ class ShardService(Handlers):
                                  whole_packs=True)
         self._verdict = verdict  # the verdict actor's handle
         self._judged: dict[str, int] = {}
-        self._next_feed = 0
-        self._early: dict[int, list] = {}  # feeds that overtook an earlier one (threaded actor)
+        self._feeds = InOrder()  # the verdict actor's feeds, in its order (a threaded actor's calls are not)
+        self._epoch, self._pushed = time.time_ns(), 0  # this process's findings, numbered for the same reason
         self._names_path = names
         self._names_out = open(names, "a", encoding="utf-8") if names is not None else None
         self._held: list | None = [] if restarted else None
@@ -136,7 +137,12 @@ class ShardService(Handlers):
             self.gc.judged()
 
     def _push(self, findings: dict) -> None:
-        self._verdict.shard_findings.remote(findings)  # not awaited: the verdict actor merges in order
+        self._verdict.shard_findings.remote(self._numbered(findings))  # not awaited: numbered, merged in order
+
+    def _numbered(self, findings: dict) -> dict:
+        findings.update(epoch=self._epoch, seq=self._pushed)
+        self._pushed += 1
+        return findings
 
     # --- from the verdict actor (any thread) -------------------------------------------
     def feed(self, seq: int, events: list, reset: bool = False) -> None:
@@ -147,18 +153,13 @@ class ShardService(Handlers):
         # ``reset``: the whole job as the verdict actor knows it (after a restart); what
         # was sent before it is in it.
         if reset:
-            self._next_feed = seq
-            self._early = {k: v for k, v in self._early.items() if k > seq}
-        elif seq < self._next_feed:
-            return
-        self._early[seq] = events
-        while self._next_feed in self._early:
-            for name, args, kw in self._early.pop(self._next_feed):
+            self._feeds.reset(seq)
+        for feed in self._feeds.put(seq, events):
+            for name, args, kw in feed:
                 if name == "steps":
                     self.on_steps(args[0])
                 else:
                     getattr(self.core, name)(*args, **kw)
-            self._next_feed += 1
         if reset and self._held is not None:
             self._resume()
 
@@ -179,7 +180,7 @@ class ShardService(Handlers):
 
     def drain(self) -> dict:
         """Judge everything pending now; the findings are returned, not pushed."""
-        return self.frontend.call_sync(lambda: self.core.judge(force=True).to_dict())
+        return self.frontend.call_sync(lambda: self._numbered(self.core.judge(force=True).to_dict()))
 
     def status(self) -> dict:
         return self.frontend.call_sync(self._status)
