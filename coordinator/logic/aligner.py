@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from rankscope.config.cluster import ClusterSettings
-from rankscope.coordinator.logic.columns import UNKNOWN, KeyTable, RankNames
+from rankscope.coordinator.logic.columns import MAX_LAYOUTS, UNKNOWN, KeyTable, RankNames
 from rankscope.coordinator.logic.packed_ingest import Run, ingest_whole, write_one
 from rankscope.coordinator.logic.slots import NO_EXEC, Layout, StepSlot, StepView  # noqa: F401 (NO_EXEC: home was here)
 from rankscope.wire.records import StepBatch
@@ -284,6 +284,11 @@ class StepAligner:
             rec.last_step = step
 
     def _layout(self, rec: RankRecord, table: KeyTable, b: StepBatch, raw: bytes) -> "Layout":
+        sig = rec.names.sig
+        if sig is not None:
+            same = table.layouts.get((sig, raw))
+            if same is not None:
+                return same  # type: ignore[return-value]
         ids = b.name_ids
         keys = rec.names.map(ids)
         rows = None
@@ -304,7 +309,13 @@ class StepAligner:
         if rows is None and keys.shape[0] and keys[-1] - keys[0] + 1 == keys.shape[0] \
                 and (keys.shape[0] == 1 or bool((np.diff(keys) == 1).all())):
             cols = slice(int(keys[0]), int(keys[-1]) + 1)
-        return Layout(raw, cols, rows, width, int(keys.shape[0]), unknown)
+        layout = Layout(raw, cols, rows, width, int(keys.shape[0]), unknown)
+        if sig is not None and len(table.layouts) < MAX_LAYOUTS:
+            for arr in (cols, rows):
+                if isinstance(arr, np.ndarray):
+                    arr.setflags(write=False)  # shared by every rank with this layout
+            table.layouts[(sig, raw)] = layout
+        return layout
 
     # --- release for judging ------------------------------------------------------
     def ready(self, now: float, force: bool = False) -> list[tuple[Group, StepView]]:

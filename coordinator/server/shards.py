@@ -20,7 +20,6 @@ in the coverage (every shard must judge a step for it to count), never "judged".
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
@@ -34,9 +33,9 @@ import ray
 from rankscope.coordinator.logic.in_order import InOrder
 from rankscope.coordinator.server.frontend import Frontend, Handlers, Peer
 from rankscope.coordinator.server.gc_pace import GcPacer
-from rankscope.wire.layout import rank_from_wire
+from rankscope.coordinator.server.names_file import NamesFile
 from rankscope.wire.protocol import Message
-from rankscope.wire.step_pack import named_parts, record_count
+from rankscope.wire.step_pack import record_count
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +89,7 @@ class ShardService(Handlers):
         self._feeds = InOrder()  # the verdict actor's feeds, in its order (a threaded actor's calls are not)
         self._epoch, self._pushed = time.time_ns(), 0  # this process's findings, numbered for the same reason
         self._names_path = names
-        self._names_out = open(names, "a", encoding="utf-8") if names is not None else None
+        self._names_out = NamesFile(names) if names is not None else None
         self._held: list | None = [] if restarted else None
         self.gc = GcPacer() if pace_gc else None
         self.restarts = 1 if restarted else 0
@@ -113,11 +112,7 @@ class ShardService(Handlers):
                 self._held.append(batches)
             return
         if self._names_out is not None:
-            named = [[job, rank, names] for job, rank, names in named_parts(batches)
-                     if rank_from_wire(rank) is not None]
-            if named:
-                self._names_out.write("".join(json.dumps(x) + "\n" for x in named))
-                self._names_out.flush()
+            self._names_out.write(batches)
         self.core.on_steps(batches)
         n = record_count(batches)
         self.records += n
@@ -165,14 +160,9 @@ class ShardService(Handlers):
 
     def _resume(self) -> None:
         self.core.resumed = True
-        if self._names_path is not None and self._names_path.is_file():
-            with open(self._names_path, encoding="utf-8") as f:
-                for line in f:
-                    try:
-                        job, rank, names = json.loads(line)
-                    except ValueError:  # the line the old process was writing when it died
-                        continue
-                    self.core.learn_names(job, rank, names)
+        if self._names_path is not None:
+            for job, rank, names in NamesFile.read(self._names_path):
+                self.core.learn_names(job, rank, names)
         held, self._held = self._held or [], None
         for batches in held:
             self.on_steps(batches)

@@ -69,6 +69,9 @@ def _head(env_body: dict, field: str | None = None, values: list | None = None, 
     (lambda b: b["parts"].pop("names"), "bad_field"),
     (lambda b: b["parts"]["names"].__setitem__(1, {"a": "b"}), "bad_field"),  # names keyed by a string
     (lambda b: b["parts"]["names"].__setitem__(1, []), "bad_field"),  # a table that is not a map
+    (lambda b: b["parts"]["names"].__setitem__(1, {True: "b"}), "bad_field"),  # a bool id
+    (lambda b: b["parts"]["names"].__setitem__(1, {0: "a", -2: "b"}), "bad_field"),  # a negative id
+    (lambda b: b["parts"]["names"].__setitem__(1, {0: "a", 1: b"b"}), "bad_field"),  # a name in bytes
     (lambda b: b["parts"].__setitem__("extra", 1), "bad_field"),  # a header field nobody knows
     (lambda b: b["parts"].pop("wall"), "bad_field"),
     (lambda b: b["cols"].pop("crc32"), "bad_field"),  # a column missing

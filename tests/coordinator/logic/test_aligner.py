@@ -271,3 +271,33 @@ def test_max_lag_is_the_status_lag_of_the_furthest_behind_live_rank() -> None:
     lags = {int(r): v["lag"] for r, v in core.status()["jobs"]["j"]["ranks"].items()}
     assert lags == {0: 0, 1: 3, 2: 1, 3: 5}
     assert core.max_lag() == 3
+
+
+def test_ranks_sending_the_same_name_table_share_its_columns_but_not_another_ranks_ids() -> None:
+    al = StepAligner(parse_cluster({}))
+    same = [("a", Kind.PARAM, 1.0), ("b", Kind.PARAM, 2.0)]
+    tables = [NameTable(), NameTable(), NameTable()]
+    for step in range(2):
+        for rank, records in enumerate([same, same, same[::-1]]):
+            # Rank 2 names "b" first: the same name ids, 0 and 1, mean other names.
+            al.ingest(_batch(tables[rank], rank, step, records), 0.0)
+        [(_, view)] = al.ready(0.0)
+        col_a, col_b = view.keys.names.index("a"), view.keys.names.index("b")
+        assert view.stats[:, col_a, 0].tolist() == [1.0] * 3
+        assert view.stats[:, col_b, 0].tolist() == [2.0] * 3
+    r0, r1, r2 = (al.ranks[("j", r)] for r in range(3))
+    assert len(al.keys["j"].tables) == 2  # two distinct tables learned, each once
+    assert r0.names.sig == r1.names.sig != r2.names.sig
+    assert r0.layout is r1.layout and r2.layout is not r0.layout
+
+
+def test_a_malformed_table_is_refused_for_every_rank_that_sends_it() -> None:
+    al = StepAligner(parse_cluster({}))
+    for rank in range(2):
+        b = _batch(NameTable(), rank, 0, [("a", Kind.LOSS, 1.0)])
+        b.new_names.update({-3: "negative", 5: b"bytes"})
+        al.ingest(b, 0.0)
+    assert al.counters["bad_names"] == 4 and not al.keys["j"].tables
+    assert all(al.ranks[("j", r)].names.sig is None for r in range(2))
+    [(_, view)] = al.ready(0.0)
+    assert view.keys.names == ["a"] and view.present.all()
