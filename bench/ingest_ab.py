@@ -29,7 +29,8 @@ _HARNESS = ("coordinator/server/ingest_bench.py", "coordinator/cli/bench.py")
 #: What the harness asks of the coordinator that a base may not have.
 _BASE_COMPAT = (("status(brief=True)", "status()"), (", sndhwm=0, heartbeat=False)", ")"))
 _KEYS = ("records", "records_lost", "records_per_s", "judge_latency_ms_median", "judge_latency_ms_p99",
-         "detect_latency_ms", "correct", "detector", "flagged_rank", "flagged_step", "vs_inprocess")
+         "detect_latency_ms", "first_step_judged_ms", "correct", "detector", "flagged_rank", "flagged_step",
+         "vs_inprocess")
 
 
 def _overlay_harness(tree: Path) -> None:

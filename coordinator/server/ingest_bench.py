@@ -326,6 +326,9 @@ def run_ingest(ranks: int, tensors: int, steps: int, *, nodes: int | None = None
             "per_shard": per,
             "judge_latency_ms_median": _percentile(lat, 50), "judge_latency_ms_p99": _percentile(lat, 99),
             "judge_latency_ms": [round(x, 1) for x in lat],
+            # Step 0 from its first frame sent to judged: names and column layouts are learned
+            # in it (phase 1 sends step 1 right behind it, so this is an upper bound).
+            "first_step_judged_ms": next((round((w - phase1_first) * 1000.0, 1) for j, w in walls if j >= 0), None),
             "detect_latency_ms": round((inc["detected_at_epoch"] - phase2_sent) * 1000.0, 1),
             "detector": inc["detector"], "flagged_rank": inc["first_diverging_rank"], "flagged_step": inc["step"],
             "correct": inc["first_diverging_rank"] == fault_rank and inc["step"] == fault_step,
