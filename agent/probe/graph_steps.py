@@ -23,6 +23,9 @@ _patches: list[tuple[Any, str, Any]] = []
 #: What ``after`` gets for the cell of a PIJit step: nothing of rankscope runs inside
 #: the call, so its end is the step's end.
 PIJIT_STEP = object()
+#: The same for an @ms.jit step (PyNative): the optimizer hooks that end an eager step
+#: are kept out of the compiled graph (compile_guard), so the call's end is the step's.
+JIT_STEP = object()
 _active: list["GraphSteps"] = []
 
 
@@ -100,7 +103,7 @@ class GraphSteps:
             _reraise_terminate(exc)
             self.on_error(f"before a {what} step", exc)
 
-    def _after(self, cell: Any, out: Any, what: str) -> Any:  # cell: None for an @ms.jit step
+    def _after(self, cell: Any, out: Any, what: str) -> Any:  # cell: JIT_STEP/PIJIT_STEP for a function
         self.steps += 1
         try:
             self.after(cell, out)
@@ -138,7 +141,7 @@ class GraphSteps:
                 return out
         else:
             self.sync.leave("graph")
-        return self._after(None, out, "jit")
+        return self._after(JIT_STEP, out, "jit")
 
     def _learn_kinds(self, fn: Any, counters: dict) -> list:
         """After a jit/PIJit function's first call: the optimizers it stepped (none: not a

@@ -12,7 +12,7 @@ import logging
 from typing import Any, Callable
 
 from rankscope.probe import compile_guard, kernel_config
-from rankscope.probe.graph_steps import PIJIT_STEP, GraphSteps, loss_of
+from rankscope.probe.graph_steps import JIT_STEP, PIJIT_STEP, GraphSteps, loss_of
 from rankscope.probe.watch import PIJIT_UNSEEN, WatchReporter
 
 log = logging.getLogger("rankscope.probe")
@@ -68,10 +68,10 @@ class GraphWatch:
         """Settle the last compiled step; a rank that never showed a step still says
         it was not watched."""
         r = self.report
-        if r.said is not None or r.silent or self.dbg.closed:
+        if r.silent or self.dbg.closed:
             return
         try:
-            self._settle()
+            self._settle()  # the last step, whether or not the watch line was said at an earlier one
             if r.said is not None:
                 return
             if not self.dbg._identified:  # noqa: SLF001
@@ -121,7 +121,8 @@ class GraphWatch:
 
     def _before(self, cell: Any, optimizers: list) -> None:
         self._settle()  # the previous step ends here: its kernel files were read meanwhile
-        if self.kernels is not None and cell is not None and self._names_for is not cell:
+        if self.kernels is not None and cell is not None and cell is not JIT_STEP and cell is not PIJIT_STEP \
+                and self._names_for is not cell:
             self._names_for = cell
             self.kernels.grad_names = _grad_names(cell, optimizers)
         s = self.dbg.sentinels
@@ -136,7 +137,7 @@ class GraphWatch:
 
     def _after(self, cell: Any, output: Any) -> None:
         self._graph_in_step = True
-        if cell is None or cell is PIJIT_STEP:  # an @ms.jit training step inside PyNative
+        if cell is JIT_STEP or cell is PIJIT_STEP:  # an @ms.jit training step inside PyNative
             self.report.jit_steps += 1
         else:
             self.report.graph_steps += 1
@@ -144,9 +145,21 @@ class GraphWatch:
         if loss is not None:
             self.dbg.sentinels.record_loss(loss)
         if self.kernels is not None:
-            self.kernels.submit(self._keep_dir())
+            self._submit(self._keep_dir())
         if self.on_step is not None:
             self._owed = cell  # settled at the next step's start (or at exit)
+
+    def _submit(self, keep_in: Any) -> None:
+        """Hand the step's dump folders to the reader once MindSpore has run the step.
+        PyNative runs an @ms.jit graph asynchronously: the call returns (and its folder
+        exists) while kernels still run and write there, and a folder read and deleted
+        then fails the user's step when MindSpore writes its next file."""
+        try:
+            _wait_for_device()
+        except Exception as exc:  # noqa: BLE001 - not listed this step: read at the next one
+            self.dbg.recorder.error("waiting for MindSpore to finish the step before reading its kernel dump", exc)
+            return
+        self.kernels.submit(keep_in)
 
     def _keep_dir(self) -> Any:
         """task "tensor" on a selected step and rank: keep the kernel tensors, in
@@ -173,7 +186,7 @@ class GraphWatch:
         if self.kernels is None:
             return
         if not self._graph_in_step:  # an eager step that ran jit graphs: read them now
-            self.kernels.submit()
+            self._submit(None)
         rows = self.kernels.collect()
         if rows:
             self.dbg.recorder.insert_known([(r.name, r.kind, r.stats) for r in rows])
@@ -208,3 +221,11 @@ def _mindsporeish(executor: Any) -> bool:
     fn = getattr(executor, "fn", None)
     fn = getattr(fn, "__func__", fn)
     return str(getattr(fn, "__module__", "")).startswith("mindspore.")
+
+
+def _wait_for_device() -> None:
+    try:
+        from mindspore.graph.api import _pynative_executor  # MindSpore >= 2.9
+    except ImportError:
+        from mindspore.common.api import _pynative_executor
+    _pynative_executor.sync()

@@ -76,7 +76,7 @@ class KernelReader:
         move the tensor files there (msProbe's static-graph L2 layout) instead of
         deleting them."""
         if self._future is not None:  # the previous step's: finish it first (rare: no collect)
-            self._future.result()
+            self.collect()  # its failure is reported there, once, not raised at every step after
         # Listed here, between steps: every folder that exists now is complete. Listed on
         # the helper thread, it could include the next step's, which MindSpore is still
         # writing -- and then delete it under MindSpore, failing the user's step.
@@ -116,7 +116,12 @@ class KernelReader:
         on_disk = 0
         for graph_id, _, it_dir in todo:
             order = self._order_of(root, graph_id)
-            got, names, size = self._read_iteration(it_dir, graph_id, order)
+            try:
+                got, names, size = self._read_iteration(it_dir, graph_id, order)
+            except FileNotFoundError:
+                # Listed on the training thread while its deletion, queued after the
+                # last read, had not run yet: read and gone already.
+                continue
             rows += got
             on_disk += size
             c.iterations += 1

@@ -7,7 +7,8 @@ the first kernel that met it, and ``rankscope collect`` must gather that step's 
 tensors from every rank in msProbe's static-graph L2 layout. The job
 (tests/e2e/jobs/graph_dp.py) knows nothing about rankscope; its other styles
 (nn.TrainOneStepCell, Model.train) are run by hand (see the README's GRAPH-mode section)
-to keep CI short.
+to keep CI short. One more job (tests/e2e/jobs/jit_dp.py) trains the way MindSpore 2.x's
+tutorials do: PyNative with an @ms.jit train step.
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from rankscope.coordinator.cli.demo import msrun_command
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
 JOB = Path(__file__).parent / "jobs" / "graph_dp.py"
+JIT_JOB = Path(__file__).parent / "jobs" / "jit_dp.py"
 RANKS = 4
 
 
@@ -56,6 +58,8 @@ def test_clean_graph_job_runs_untouched_and_every_rank_says_it_is_watched(tmp_pa
     assert proc.returncode == 0, explain(proc, out)
     assert incidents == []
     assert "no divergence found" in proc.stdout
+    # Every step, the last one too (a compiled step ends when the next begins, or at exit).
+    assert f"watched steps 0-5 on {RANKS}/{RANKS} ranks" in proc.stdout, explain(proc, out)
     tail = proc.stdout[proc.stdout.index("no divergence found"):]
     # the end-of-run line: every rank watched alike, said once for all of them
     assert tail.count(f"ranks 0-{RANKS - 1}: GRAPH mode, watched through the kernel dump") == 1, tail
@@ -65,6 +69,27 @@ def test_clean_graph_job_runs_untouched_and_every_rank_says_it_is_watched(tmp_pa
     # The kernel files were read and deleted as the run went: nothing but configs left.
     left = [p for p in (out / "local_dump").rglob("*.npy")]
     assert left == [], left[:5]
+
+
+def test_a_jit_compiled_tutorial_step_is_watched_every_step_and_a_nan_batch_named(tmp_path):
+    """PyNative + an @ms.jit train step (tests/e2e/jobs/jit_dp.py): MindSpore runs the
+    compiled step asynchronously, so its kernel dump is read only once the step ran; each
+    call ends a step, the last one at exit. The job runs on to its end (continue)."""
+    out = tmp_path / "out"
+    env = dict(os.environ, JIT_STEPS="8", JIT_FAULT="nan_batch:1:5")
+    env.pop("MINDSPORE_DUMP_CONFIG", None)
+    cmd = [sys.executable, "-m", "rankscope", "launch", "--export-dir", str(out), "--on-divergence", "continue",
+           "--", *msrun_command(RANKS, out / "msrun_logs", JIT_JOB)]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=400)
+    assert proc.returncode == 0, explain(proc, out)
+    for r in range(RANKS):
+        text = (out / "msrun_logs" / f"worker_{r}.log").read_text(errors="replace")
+        assert f"rank {r} finished 8 steps" in text and "Open file" not in text, text[-3000:]
+    (inc,) = [json.loads(p.read_text()) for p in (out / "incidents").glob("*/incident.json")]
+    assert (inc["detector"], inc["first_diverging_rank"], inc["step"]) == ("nan_origin", 1, 5), inc["evidence"]
+    assert inc["tensor"].startswith("Conv2D.") and inc["tensor"].endswith(".input.0"), inc["tensor"]
+    assert f"watched steps 0-7 on {RANKS}/{RANKS} ranks" in proc.stdout, explain(proc, out)
+    assert f"ranks 0-{RANKS - 1}: PyNative+jit mode, watched through the kernel dump" in proc.stdout
 
 
 def _wait_for(log: Path, text: str, proc: subprocess.Popen, timeout: float = 300) -> str:

@@ -103,6 +103,52 @@ def test_attribute_inputs_are_deleted_unread_and_a_new_execution_order_is_reread
     reader.close()
 
 
+def test_a_folder_listed_while_its_deletion_waited_is_skipped_and_the_new_one_read(tmp_path):
+    # The training thread lists the next step's folders while the last read's deletion
+    # is still queued on the helper thread: the listing holds a folder that is gone by
+    # the time the next read runs.
+    import threading
+    root = tmp_path / "kernels"
+    order_csv(root, [SCOPE])
+    x = np.ones((2, 3), np.float32)
+    step_files(root, 0, x, [])
+    errors = []
+    reader = KernelReader(KernelDump(root, True, "tensor", "x"), lambda what, exc: errors.append((what, exc)))
+    reader.submit()
+    hold = threading.Event()
+    reader._pool.submit(hold.wait)  # the deletion of iteration 0 queues behind this
+    assert len(reader.collect()) == 2
+    step_files(root, 1, x * 3, [])
+    reader.submit()  # lists iteration 0 (not deleted yet) and 1
+    hold.set()
+    rows = reader.collect()
+    assert [r.stats.max for r in rows] == [3.0, 6.0] and errors == []
+    reader.idle()
+    assert not list((root / "rank_0" / "rankscope" / "0").iterdir())
+    reader.close()
+
+
+def test_a_failed_read_is_reported_once_and_the_next_steps_are_read(tmp_path):
+    root = tmp_path / "kernels"
+    order_csv(root, [SCOPE])
+    errors = []
+    reader = KernelReader(KernelDump(root, True, "tensor", "x"), lambda what, exc: errors.append(what))
+    real, calls = reader._order_of, []
+
+    def fails_once(*a):
+        calls.append(1)
+        if len(calls) == 1:
+            raise OSError("disk went away")
+        return real(*a)
+    reader._order_of = fails_once
+    step_files(root, 0, np.ones((2, 3), np.float32), [])
+    reader.submit()
+    reader.submit()  # no collect in between: the failure is reported here, not raised
+    assert errors == ["reading the kernel dump"]
+    assert len(reader.collect()) == 2 and errors == ["reading the kernel dump"]
+    reader.close()
+
+
 def test_a_users_dump_is_read_but_never_deleted(tmp_path):
     root = tmp_path / "theirs"
     order_csv(root, [SCOPE])
