@@ -107,7 +107,8 @@ def format_verdict(incident: dict[str, Any]) -> str:
             lines.append("  followers: " + ", ".join(_follower(f) for f in followers) + "  (taken down after it)")
         others = ev.get("others") or []
         if others:
-            lines.append("  others   : " + ", ".join(_other(o) for o in others))
+            # As last heard before the death: a follower listed above was still running then.
+            lines.append("  others   : when it died, " + ", ".join(_other(o) for o in others))
     else:
         lines.append(f"  tensor   : {incident.get('tensor') or '—'}")
     rule = ev.get("rule")

@@ -114,7 +114,7 @@ def test_a_crash_verdict_shows_the_token_the_others_and_later_findings():
         "related_verdicts": [{"detector": "progress", "rank": 1, "step": 3},
                              {"detector": "nan_origin", "rank": 2, "step": 2, "token": 3, "tensor": "Cell.a.forward.1"}]})
     assert "token    : 1" in text and "how      : killed by SIGKILL while at token 1" in text
-    assert "others   : rank 0 running (began step 3), rank 2 finished (done with step 3, heard 0.2 s before its death)" in text
+    assert "others   : when it died, rank 0 running (began step 3), rank 2 finished (done with step 3, heard 0.2 s before its death)" in text
     assert text.count("also     :") == 1
     assert "also     : nan_origin names rank 2 at step 2, token 3 (Cell.a.forward.1)" in text
 
