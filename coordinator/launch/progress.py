@@ -91,10 +91,15 @@ def format_verdict(incident: dict[str, Any]) -> str:
     tie_note = f" (tied with rank(s) {', '.join(map(str, ties))})" if ties else ""
     ev = incident.get("evidence") or {}
     failed = incident.get("detector") == "progress" and "failed_at" in ev
+    head = f"rank {shown(incident.get('first_diverging_rank'))} {'failed' if failed else 'diverged'} first{tie_note}"
+    if incident.get("detector") == "replica" and ev.get("majority") is False:
+        # Replicas split with no majority (e.g. ranks initialised from different seeds):
+        # which of them is "first" means nothing.
+        split = sorted(int(r) for r in [incident.get("first_diverging_rank"), *ties] if r is not None)
+        head = f"{rank_span(split)} hold different replicas, with no majority: no rank can be named first"
     lines = [
         "",
-        f"rankscope verdict: rank {shown(incident.get('first_diverging_rank'))} "
-        f"{'failed' if failed else 'diverged'} first{tie_note}",
+        f"rankscope verdict: {head}",
         f"  detector : {shown(incident.get('detector'))}",
         f"  step     : {shown(incident.get('step'))}" + ("  (the first step it did not complete)" if failed else ""),
     ]

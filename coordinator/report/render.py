@@ -117,6 +117,9 @@ def verdict_line(incident: dict) -> str:
     if det == "outlier":
         return (f"Rank {rank} stands out at step {step}: {ev.get('value', 'value')} "
                 f"{num(ev.get('ratio_to_median'))}\u00d7 the group median")
+    if det == "replica" and ev.get("majority") is False:
+        return (f"Replicas differ at step {step} and no value is held by more than half of the "
+                f"{num(ev.get('compared_ranks'))} ranks compared: no rank can be named first")
     if det == "replica":
         return (f"Rank {rank}'s replica differs at step {step}: {num(ev.get('agreeing_ranks'))} of "
                 f"{num(ev.get('compared_ranks'))} ranks agree, it does not")

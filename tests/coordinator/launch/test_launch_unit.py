@@ -172,3 +172,13 @@ def test_status_says_what_was_watched_beside_the_incident_count():
     assert "coverage: watched steps 0-9 on 4/4 ranks" in one.splitlines()
     two = format_status({"ranks": {}, "incidents": [], "coverage": {"j": full, "k": gap}})
     assert "coverage (job k): watched steps 0-9 on 3/4 ranks; rank 2 not seen at all" in two.splitlines()
+
+
+def test_replicas_split_with_no_majority_name_no_first_rank():
+    text = format_verdict({"first_diverging_rank": 0, "detector": "replica", "step": 0, "ties": [1, 2, 3],
+                           "tensor": "Sentinel.param.w", "evidence": {"majority": False, "rule": "no majority"}})
+    assert "rankscope verdict: ranks 0-3 hold different replicas, with no majority: no rank can be named first" in text
+    assert "diverged first" not in text and "tensor   : Sentinel.param.w" in text
+    one = format_verdict({"first_diverging_rank": 2, "detector": "replica", "step": 1, "ties": [],
+                          "evidence": {"majority": True}})
+    assert "rankscope verdict: rank 2 diverged first" in one

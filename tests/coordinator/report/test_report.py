@@ -209,3 +209,13 @@ def test_sparse_or_bad_incident_files(tmp_path, capsys):
     (d / "incident.json").write_text("{not json")
     assert report_cli.main([str(d)]) == 1
     assert "incident.json: not valid JSON" in capsys.readouterr().err
+
+
+def test_a_replica_split_with_no_majority_names_no_rank_in_the_report_headline():
+    from rankscope.coordinator.report.render import verdict_line
+    split = {"first_diverging_rank": 0, "step": 0, "detector": "replica",
+             "evidence": {"majority": False, "agreeing_ranks": 1, "compared_ranks": 4}}
+    assert verdict_line(split) == ("Replicas differ at step 0 and no value is held by more than half of the "
+                                   "4 ranks compared: no rank can be named first")
+    one = dict(split, first_diverging_rank=3, evidence={"majority": True, "agreeing_ranks": 3, "compared_ranks": 4})
+    assert verdict_line(one).startswith("Rank 3's replica differs at step 0: 3 of 4 ranks agree")
