@@ -76,10 +76,12 @@ class Senders:
             cur = self._now[sender] = (epoch, InOrder(late="deliver"))
             self._gap_since.pop(sender, None)
         out = cur[1].put(seq, item)
-        if cur[1].held():
-            self._gap_since.setdefault(sender, now)
-        else:
+        if not cur[1].held():
             self._gap_since.pop(sender, None)
+        elif out or sender not in self._gap_since:
+            # A gap is timed from when the sender last made progress: under steady
+            # reordering something is always held, but no one gap lasts long.
+            self._gap_since[sender] = now
         return out
 
     def waiting(self) -> bool:

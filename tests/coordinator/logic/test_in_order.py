@@ -55,6 +55,15 @@ def test_senders_are_ordered_apart_and_a_restarted_one_counts_again() -> None:
     assert s.overdue(now=6.0, force=True) == ["held"]
 
 
+def test_a_gap_is_timed_from_the_senders_last_progress_not_its_first_hold() -> None:
+    s = Senders(gap_s=3.0)
+    s.put(0, "e", 1, "b", now=0.0)  # 0 missing
+    s.put(0, "e", 3, "d", now=0.5)  # 2 missing too
+    assert s.put(0, "e", 0, "a", now=2.0) == ["a", "b"]  # progress; "d" still held (for 2)
+    assert s.overdue(now=3.5) == [] and s.waiting()
+    assert s.overdue(now=5.0) == ["d"]
+
+
 def test_the_merge_never_moves_a_judged_step_back() -> None:
     m = VerdictMerge(2)
     m.add(ShardFindings(0, judged={"j/0": 11}))
