@@ -15,7 +15,7 @@ from typing import Any
 
 from rankscope.config.job import rank_config
 from rankscope.config.schema import KERNEL_LEVEL
-from rankscope.dump.folder_claim import claim_rank_label, release_rank_label
+from rankscope.dump.folder_claim import UNKNOWN_HOLDER, claim_rank_label, release_rank_label
 from rankscope.dump.writer import DumpWriter
 from rankscope.probe.gate import RankscopeTerminated, StepGate
 from rankscope.probe.graph_watch import GraphWatch, graph_mode
@@ -325,8 +325,9 @@ class PrecisionDebugger:
             self.recorder.error("claiming the rank folder", exc)
             return dump_label(rank)
         if holder is not None:
-            log.warning("rankscope: %s is taken by pid %s under %s; dumping as %s",
-                        dump_label(rank), holder, self.config.dump_path, label)
+            who = "another process" if holder == UNKNOWN_HOLDER else f"pid {holder}"
+            log.warning("rankscope: %s is taken by %s under %s; dumping as %s",
+                        dump_label(rank), who, self.config.dump_path, label)
         return label
 
     def _connect(self, endpoint: str) -> None:

@@ -360,11 +360,15 @@ def test_seed_examples_run_unchanged(tmp_path):
 
 
 def test_a_rank_folder_held_by_another_live_process_is_not_overwritten(tmp_path):
-    from rankscope.dump.folder_claim import claims_dir
+    import signal
+    import subprocess
+    import sys
     dump = tmp_path / "d"
-    claims = Path(claims_dir(dump))
-    claims.mkdir(parents=True, exist_ok=True)
-    (claims / "rank0.pid").write_text(str(os.getppid()))  # a live process that is not us
+    holder = subprocess.Popen(  # a live process that is not us holds rank 0
+        [sys.executable, "-c", "import sys; from rankscope.dump.folder_claim import claim_rank_label; "
+         "print(claim_rank_label(sys.argv[1], 0)[0], flush=True); sys.stdin.read()", str(dump)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "rank0"
     dbg = PrecisionDebugger(dump_path=str(dump), level="L0")
     net, opt, grad_fn = make()
     dbg.start(net, rank_id=0)
@@ -374,7 +378,8 @@ def test_a_rank_folder_held_by_another_live_process_is_not_overwritten(tmp_path)
     dbg.step()
     assert not (dump / "step0" / "rank0").exists()
     assert (dump / "step0" / f"proc{os.getpid()}" / "dump.json").exists()
-    (claims / "rank0.pid").write_text("999999999")  # a dead owner: the claim is stale
+    holder.send_signal(signal.SIGKILL)  # a holder that died without letting go
+    holder.wait(timeout=30)
     dbg2 = PrecisionDebugger(dump_path=str(dump), level="L0")
     dbg2.start(net, rank_id=0)
     net(batch(0)[0])
