@@ -120,7 +120,7 @@ class FailureJudge:
         cause: Death | None = None
         hung: list[RankRecord] = []
         if blocking is not None:
-            absent = _never_entered(group, syncs, blocking)
+            absent = _never_entered(group, syncs, blocking, _began(group, by_rank))
             dead_absent = sorted((by_rank[r] for r in absent if r in by_rank), key=lambda d: d.died_at)
             if dead_absent:
                 cause = dead_absent[0]
@@ -141,8 +141,8 @@ class FailureJudge:
             step = blocking.step  # it never reached the collective of that step
         else:
             step = _completed(group, cause, syncs) + 1
-            if pos is not None and pos[0] > step:
-                step = pos[0]  # it began that step; the steps before it died unsent
+        if pos is not None and pos[0] > step:
+            step = pos[0]  # it began that step; the steps before it died unsent
         what = cause.exception or _manner(cause)
         ev: dict[str, Any] = {
             "rule": "first to fail", "reason": cause.reason, "exit_status": cause.exit_status,
@@ -150,7 +150,7 @@ class FailureJudge:
             "manner": what, "followers": [], "group_newest_step": group.newest_step(),
         }
         if blocking is not None:
-            ev["collective"] = _collective(group, syncs, blocking)
+            ev["collective"] = _collective(group, syncs, blocking, _began(group, {d.rank: d for d in deaths}))
         token = pos[1] if pos is not None and pos[0] == step else None
         if token is not None:
             ev["manner"] = f"{what} while at token {token} (forward call {token} of step {step})"
@@ -165,7 +165,7 @@ class FailureJudge:
 
     def _hang_verdict(self, group: Group, hung: list[RankRecord], syncs: dict[int, SyncPoint],
                       blocking: SyncPoint, deaths: list[Death]) -> Verdict:
-        coll = _collective(group, syncs, blocking)
+        coll = _collective(group, syncs, blocking, _began(group, {d.rank: d for d in deaths}))
         ranks = sorted(m.rank for m in hung)
         ev: dict[str, Any] = {
             "rule": f"never reached {blocking.what} #{blocking.seq} of step {blocking.step}",
@@ -193,7 +193,7 @@ class FailureJudge:
             return None
         if wall_now - blocking.at < self.hang_timeout_s:
             return None
-        absent = _never_entered(group, syncs, blocking)
+        absent = _never_entered(group, syncs, blocking, _began(group, {}))
         hung = [m for m in group.members if m.rank in absent and m.state in _WAITED_ON]
         if not hung:
             return None
@@ -231,10 +231,29 @@ def _before(point: SyncPoint | None, blocking: SyncPoint) -> bool:
     return point is None or point.key() < blocking.key()
 
 
-def _never_entered(group: Group, syncs: dict[int, SyncPoint], blocking: SyncPoint) -> list[int]:
+def _never_entered(group: Group, syncs: dict[int, SyncPoint], blocking: SyncPoint,
+                   began: dict[int, int] | None = None) -> list[int]:
     # A rank that never reported a sync point says nothing about collectives (its
-    # collectives are not watched): it is not blamed for one.
-    return [m.rank for m in group.members if m.rank in syncs and _before(syncs[m.rank], blocking)]
+    # collectives are not watched): it is not blamed for one. Nor is a rank that began a
+    # later step: it ended the collective's step, which needs every rank, so it reached
+    # the collective, whatever its last heartbeat (sent at most every few tenths of a
+    # second, later on a loaded node) last said.
+    began = began or {}
+    return [m.rank for m in group.members if m.rank in syncs and _before(syncs[m.rank], blocking)
+            and began.get(m.rank, -1) <= blocking.step]
+
+
+def _began(group: Group, deaths: dict[int, Death]) -> dict[int, int]:
+    """Per member, the newest step it is known to have begun: from its heartbeats, and for
+    a dead rank from the position its node agent read after the death (written at every
+    step boundary, so it is current where the last heartbeat may not be)."""
+    out: dict[int, int] = {}
+    for m in group.members:
+        steps = [s for s in (m.started, deaths[m.rank].position[0] if m.rank in deaths
+                             and deaths[m.rank].position is not None else None) if s is not None]
+        if steps:
+            out[m.rank] = max(steps)
+    return out
 
 
 def _completed(group: Group, d: Death, syncs: dict[int, SyncPoint]) -> int:
@@ -244,9 +263,10 @@ def _completed(group: Group, d: Death, syncs: dict[int, SyncPoint]) -> int:
     return max([done, *(p.step - 1 for p in syncs.values())])
 
 
-def _collective(group: Group, syncs: dict[int, SyncPoint], blocking: SyncPoint) -> dict[str, Any]:
-    entered = sorted(r for r, p in syncs.items() if not _before(p, blocking))
-    never = _never_entered(group, syncs, blocking)
+def _collective(group: Group, syncs: dict[int, SyncPoint], blocking: SyncPoint,
+                began: dict[int, int] | None = None) -> dict[str, Any]:
+    never = _never_entered(group, syncs, blocking, began)
+    entered = sorted(r for r in syncs if r not in never)
     since = min(p.at for p in syncs.values() if p.key() == blocking.key())
     return {"what": blocking.what, "step": blocking.step, "seq": blocking.seq,
             "entered": entered[:MAX_EVIDENCE_RANKS], "never_entered": sorted(never)[:MAX_EVIDENCE_RANKS],

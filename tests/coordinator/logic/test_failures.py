@@ -247,3 +247,41 @@ def test_a_worker_reaped_by_its_own_parent_is_not_said_to_have_exited():
     assert (v.rank, v.step, v.token) == (2, 1, 3)
     assert v.evidence["manner"].startswith("ended, exit status unknown") and "token 3" in v.evidence["manner"]
     assert v.evidence["signal"] is None and v.evidence["exit_status"] is None
+
+
+def test_a_victim_whose_last_heartbeat_is_stale_is_not_taken_for_the_rank_that_never_came():
+    # Seen under load: rank 2 exits (137) after ending step 5; msrun SIGKILLs the others
+    # 50-80 ms later. Rank 1's heartbeats (sync points at most every 0.2 s, later on a busy
+    # node) last said step 4's AllReduce while the others said step 5's: by sync points
+    # alone rank 1 "never reached" step 5's. Its node agent read that it had begun step 6
+    # (so it ended step 5, which needs every rank); so had rank 2, which died first.
+    core, clock, _ = make()
+    for r in (0, 2, 3):
+        core.on_heartbeat("j", r, 4, "running", sync(5, OUT, T0 - 0.3))
+    core.on_heartbeat("j", 1, 3, "running", sync(4, OUT, T0 - 0.6))
+    core.on_rank_lost("j", 2, 4, 137, "exited", died_at=T0, position=(6, None), sync=sync(5, OUT, T0 - 0.3))
+    core.on_rank_lost("j", 1, 3, -signal.SIGKILL, "exited", died_at=T0 + 0.05, signal=signal.SIGKILL,
+                      position=(6, None), sync=sync(4, OUT, T0 - 0.6))
+    for r in (0, 3):
+        core.on_rank_lost("j", r, 4, -signal.SIGKILL, "exited", died_at=T0 + 0.08, signal=signal.SIGKILL,
+                          position=(6, None), sync=sync(5, OUT, T0 - 0.3))
+    [v] = settle(core, clock)
+    assert (v.rank, v.step, v.ties) == (2, 6, [])
+    assert v.evidence["manner"] == "exited with status 137"
+    assert [f["rank"] for f in v.evidence["followers"]] == [1, 0, 3]
+    assert v.evidence["collective"]["never_entered"] == []
+
+
+def test_a_dead_rank_that_never_began_the_collectives_step_is_still_named_over_earlier_victims():
+    # The position lifts only a rank that began a *later* step: one that began step 5 and
+    # never reached its AllReduce is the cause even when a peer timed out before it died.
+    core, clock, _ = make()
+    for r in (0, 2, 3):
+        core.on_heartbeat("j", r, 4, "running", sync(5, IN, T0 - 30))
+    core.on_heartbeat("j", 1, 4, "running", sync(4, OUT, T0 - 31), started=5)
+    lost(core, 0, T0, status=1, sync_point=sync(5, IN, T0 - 30))
+    core.on_rank_lost("j", 1, 4, -signal.SIGKILL, "exited", died_at=T0 + 0.5, signal=signal.SIGKILL,
+                      position=(5, None), sync=sync(4, OUT, T0 - 31))
+    [v] = settle(core, clock)
+    assert (v.rank, v.step) == (1, 5)
+    assert v.evidence["collective"]["never_entered"] == [1]
