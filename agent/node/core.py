@@ -31,7 +31,7 @@ from rankscope.node.shard_route import ShardRouting
 from rankscope.node.stacks import StackRequests
 from rankscope.wire import job_config, protocol
 from rankscope.wire.layout import position_file, rank_to_wire, safe_id
-from rankscope.wire.position import read_position
+from rankscope.wire.position import read_rank_file
 from rankscope.wire.protocol import Message, encode
 from rankscope.wire.rank_map import write_rank_map
 
@@ -195,7 +195,7 @@ class NodeCore:
             # A clean end, or the exit the coordinator asked for (on_terminate=exit).
             e.exit_status = exit_status
             self.registry.finish(e)
-            self._position(e)  # nothing to report: only the file goes
+            self._rank_file(e)  # nothing to report: only the file goes
             self.bundles.retire(e)
             self._up_own(protocol.STATUS, e.job, {"what": "finished", "detail": {
                 "rank": e.assigned_rank, "step": e.last_step, "pid": e.pid}})
@@ -309,16 +309,20 @@ class NodeCore:
         body = {"rank": rank_to_wire(e.assigned_rank), "pid": e.pid, "last_step": e.last_step,
                 "exit_status": exit_status, "reason": reason,
                 "died_at": self.wall() if died_at is None else died_at,
-                "signal": -exit_status if exit_status is not None and exit_status < 0 else None,
-                "sync": e.extra.get("sync")}
-        extras = {"position": self._position(e), "exception": e.extra.get("exception")}
+                "signal": -exit_status if exit_status is not None and exit_status < 0 else None}
+        position, sync = self._rank_file(e)
+        # The file's sync point is the rank's newest (stored at each collective); the last
+        # heartbeat's may be older, or the only one (a rank on another host).
+        body["sync"] = sync or e.extra.get("sync")
+        extras = {"position": position, "exception": e.extra.get("exception")}
         body.update({k: v for k, v in extras.items() if v})
         self._up_own(protocol.RANK_LOST, e.job, body)
         self.publish_map(e.job)
 
-    def _position(self, e: RankEntry) -> dict[str, int] | None:
-        """The (step, token) a local rank last began, read from (and removing) its file."""
-        return read_position(position_file(e.job, e.pid)) if e.host == self.host else None
+    def _rank_file(self, e: RankEntry) -> tuple[dict | None, dict | None]:
+        """The (step, token) a local rank last began and its newest sync point, read from
+        (and removing) its position file."""
+        return read_rank_file(position_file(e.job, e.pid)) if e.host == self.host else (None, None)
 
     def watched_pids(self) -> set[int]:
         """Local processes whose end the loop should be told about at once."""

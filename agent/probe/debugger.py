@@ -222,6 +222,7 @@ class PrecisionDebugger:
         if self._token_hooks is not None:
             self._token_hooks.remove()
         if self._position is not None:
+            self.sync.file = None
             self._position.close()
         for sink in self.sinks:
             try:
@@ -273,6 +274,7 @@ class PrecisionDebugger:
         # records, or the tokens since the last heartbeat, may die unsent with it.
         if self._position is None and self.client is not None:
             self._position = PositionWriter(position_file(self.job, os.getpid()))
+            self.sync.file = self._position
         if self._position is not None:
             self._position.write(step, token)
 
@@ -299,6 +301,8 @@ class PrecisionDebugger:
         endpoint = self.config.cluster.agent or os.environ.get("RANKSCOPE_AGENT")
         if endpoint and self.client is None:
             self._guard("connecting to the node agent", lambda: self._connect(endpoint))
+            # The position file from the first step on: its collectives are recorded there too.
+            self._guard("the position file", lambda: self._write_position(self.current_step, NO_TOKEN))
         self._set_rank(self.rank)
 
     def _set_rank(self, rank: int | None) -> None:

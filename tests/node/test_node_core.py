@@ -272,6 +272,32 @@ def test_the_last_sync_point_travels_with_the_loss_and_a_clock_probe_is_answered
     assert isinstance(reply.body["detail"]["t2"], float)
 
 
+def test_the_sync_point_the_rank_stored_after_its_last_heartbeat_is_the_one_reported(tmp_path, monkeypatch):
+    import tempfile
+
+    from rankscope.wire.layout import position_file
+    from rankscope.wire.position import NO_TOKEN, PositionWriter
+    from rankscope.wire.sync import IN, SyncPoint
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the position files of this test only
+    core, world = make(tmp_path)
+    register(core, b"a", 11, 0, world_size=1)
+    core.tick()
+    core.take()
+    stale = {"what": "AllReduce", "step": 4, "seq": 0, "phase": "out", "at": 1.7e9}
+    core.on_rank_frame(b"a", encode(Message(protocol.HEARTBEAT, "j", "rank:h:11", 4, {
+        "rank": 0, "step": 3, "state": "running", "pid": 11, "sync": stale})))
+    w = PositionWriter(position_file("j", 11))
+    w.write(5, NO_TOKEN)
+    w.write_sync(SyncPoint("AllReduce", 5, 0, IN, 1.7e9 + 0.4))  # after the last heartbeat
+    world.kill(11, signal.SIGKILL)
+    core.on_pid_exit(11)
+    world.t += EXIT_GRACE_S + 0.01
+    core.tick()
+    [lost] = [m.body for m in up_messages(core.take()) if m.type == protocol.RANK_LOST]
+    assert lost["sync"] == {"what": "AllReduce", "step": 5, "seq": 0, "phase": "in", "at": 1.7e9 + 0.4}
+    assert lost["position"] == {"step": 5, "token": None}
+
+
 def test_stacks_are_asked_of_the_others_only_when_a_rank_ends_badly_and_never_after_a_goodbye(tmp_path):
     import signal
 

@@ -5,7 +5,18 @@ import subprocess
 import sys
 
 from rankscope.wire.layout import position_file
-from rankscope.wire.position import NO_TOKEN, PositionWriter, pack, position_from_wire, read_position, unpack
+from rankscope.wire.position import (
+    NO_TOKEN,
+    PositionWriter,
+    pack,
+    pack_sync,
+    position_from_wire,
+    read_position,
+    read_rank_file,
+    unpack,
+    unpack_sync,
+)
+from rankscope.wire.sync import IN, OUT, SyncPoint
 
 
 def test_pack_round_trips_and_refuses_what_does_not_fit():
@@ -63,3 +74,36 @@ def test_the_jobs_folder_goes_with_its_last_file(tmp_path):
     assert (tmp_path / "job").is_dir()  # rank 2 still keeps its file there
     b.close()
     assert not (tmp_path / "job").exists()
+
+
+def test_the_newest_sync_point_is_read_after_a_sigkill_with_the_position(tmp_path):
+    # Stored at every collective the rank enters or leaves: heartbeats carry it later.
+    path = tmp_path / "8.pos"
+    code = ("import os, signal\n"
+            "from rankscope.probe.sync_tracker import SyncTracker\n"
+            "from rankscope.wire.position import PositionWriter\n"
+            f"w = PositionWriter({str(path)!r}); t = SyncTracker(clock=lambda: 1234.5); t.file = w\n"
+            "w.write(6, 2**32 - 1); t.new_step(6); t.enter('AllReduce'); t.leave('AllReduce'); t.enter('AllReduce')\n"
+            "os.kill(os.getpid(), signal.SIGKILL)")
+    proc = subprocess.run([sys.executable, "-c", code], timeout=60)
+    assert proc.returncode == -9
+    position, sync = read_rank_file(str(path))
+    assert position == {"step": 6, "token": None}
+    assert SyncPoint.from_wire(sync) == SyncPoint("AllReduce", 6, 1, IN, 1234.5)
+
+
+def test_sync_words_round_trip_and_what_does_not_fit_is_not_stored():
+    for point in (SyncPoint("AllReduce", 0, 0, IN, 1.0), SyncPoint("graph", 2**31 - 1, 2**24 - 1, OUT, 2.5)):
+        assert unpack_sync(pack_sync(point), point.at) == point
+    assert pack_sync(SyncPoint("Broadcast", 1, 0, IN, 0.0)) == -1  # a kind the word has no code for
+    assert pack_sync(SyncPoint("AllReduce", 1, 2**24, IN, 0.0)) == -1
+    assert unpack_sync(-1, 0.0) is None
+
+
+def test_a_file_without_a_sync_point_gives_the_position_alone(tmp_path):
+    w = PositionWriter(str(tmp_path / "9.pos"))
+    w.write(3, NO_TOKEN)
+    assert read_rank_file(w.path, remove=False) == ({"step": 3, "token": None}, None)
+    (tmp_path / "old.pos").write_bytes(open(w.path, "rb").read()[:8])  # an 8-byte file: position only
+    assert read_rank_file(str(tmp_path / "old.pos")) == ({"step": 3, "token": None}, None)
+    w.close()
