@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from repo_paths import REPO
 
 from rankscope.config.cluster import parse_cluster
 from rankscope.config.errors import ConfigError
@@ -279,3 +280,27 @@ def test_kernel_tensors_load_exactly_as_numpy_writes_them(tmp_path, arr):
     got = load_npy(str(path))
     assert got.dtype == np.asarray(arr).dtype and got.shape == np.asarray(arr).shape
     assert np.array_equal(got, arr)
+
+
+def test_a_float16_label_on_float32_data_from_mindspores_cpu_dump_is_read_as_written():
+    # A real file from MindSpore 2.10's CPU dump of an AMP O2 job (see the folder's README):
+    # read as its header says, it held NaN and Inf, and a clean job was stopped for it.
+    from rankscope.probe.kernel_files import load_npy, parse_name
+    [path] = (REPO / "tests" / "data" / "mindspore_cpu_amp_o2").glob("*.npy")
+    raw = path.read_bytes()
+    assert b"'descr': '<f2'" in raw[:128] and parse_name(path.name).dtype == "Float16"
+    got = load_npy(str(path))
+    assert got.dtype == np.float32 and got.shape == (8, 1, 3, 3)
+    assert np.isfinite(got).all() and 0 < np.abs(got).max() < 1
+    as_labelled = np.frombuffer(raw[-got.size * 2:], np.float16)  # what the header claims
+    assert not np.isfinite(as_labelled).all()
+
+
+def test_a_kernel_file_whose_size_fits_no_float_width_is_refused_by_name(tmp_path):
+    from rankscope.probe.kernel_files import load_npy
+    path = tmp_path / "t.npy"
+    np.save(path, np.arange(6, dtype=np.int32))
+    with open(path, "ab") as fh:
+        fh.write(b"\0" * 4)  # one value more than the header's shape
+    with pytest.raises(ValueError, match=r"t\.npy: the header says <i4 \(6,\) \(24 bytes\), the file holds 28 bytes"):
+        load_npy(str(path))
