@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from rankscope.coordinator.cli.shards_option import add_shards_option, apply_shards
-from rankscope.coordinator.launch import preflight
+from rankscope.coordinator.launch import msrun_args, preflight
 from rankscope.coordinator.launch.preflight import UsageError
 from rankscope.coordinator.launch.runner import ACTIONS, Launch
 from rankscope.coordinator.launch.watched import UNWATCHED_EXIT
@@ -63,7 +63,7 @@ def check_args(args: argparse.Namespace) -> dict:
                          "cluster coordinator, which was started with its shard count "
                          "(rankscope coordinator --shards K)")
     # The command runs with the PATH launch gives it (this interpreter's folder first).
-    args.cmd = preflight.resolve_command(cmd, child_env_path())
+    args.cmd, args.cmd_note = msrun_args.joined(preflight.resolve_command(cmd, child_env_path()))
     if args.config is not None:
         args.config = args.config.resolve()
     job = apply_shards(preflight.check_config(args.config, args.on_divergence), args.shards)

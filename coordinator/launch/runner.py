@@ -141,6 +141,8 @@ class Launch:
                                   attach_reports=self.attach_watch.folder,
                                   launch_output="" if self.args.quiet else stream_id(sys.stdout))
         cmd = self.args.cmd
+        if getattr(self.args, "cmd_note", None):
+            self.say(self.args.cmd_note)
         self.say(f"running: {' '.join(cmd)}")
         # A new session so the whole tree (msrun and its workers) can be signalled at once.
         out = open(self.args.log, "ab") if self.args.log else None
@@ -241,8 +243,7 @@ class Launch:
             self.say(f"command exited with {rc}; the cluster coordinator holds any verdict "
                      f"(rankscope status --job {self.job})")
             cov = WatchedRanks(watched=None, unwatched=list(self.attach_watch.failures.values()))
-            self._say_unwatched(cov, allow)
-            return exit_status(cov, rc, allow)
+            return self._unwatched_exit(cov, rc, allow)
         self._await_ends()
         incidents = self.coordinator.drain(30.0)
         status = self._final_status()
@@ -253,8 +254,7 @@ class Launch:
             (self.say if cov.complete else print_loud)(line)
             self.say(watched)
             self._say_watch(status)
-            self._say_unwatched(cov, allow)
-            return exit_status(cov, rc, allow)
+            return self._unwatched_exit(cov, rc, allow)
         self.say(watched)
         self._say_watch(status)
         for inc in incidents:
@@ -296,11 +296,12 @@ class Launch:
             return self.last_status
 
     @staticmethod
-    def _say_unwatched(cov: WatchedRanks, allow: bool) -> None:
-        if cov.complete or allow:
-            return
-        print_loud(f"exit status {UNWATCHED_EXIT}: ranks ran unwatched (pass --allow-unwatched to accept "
-                   "such a run)")
+    def _unwatched_exit(cov: WatchedRanks, rc: int, allow: bool) -> int:
+        status = exit_status(cov, rc, allow)
+        if status == UNWATCHED_EXIT and rc != UNWATCHED_EXIT:  # said only when launch chose it
+            print_loud(f"exit status {UNWATCHED_EXIT}: ranks ran unwatched (pass --allow-unwatched to accept "
+                       "such a run)")
+        return status
 
     def _say_watch(self, status: dict | None) -> None:
         """How each rank was watched (its mode, and what could not be seen)."""

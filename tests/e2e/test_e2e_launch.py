@@ -23,7 +23,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
 RANKS = 4
 
 
-def run_launch(tmp_path: Path, fault: str | None, steps: int = 8, action: str = "terminate"):
+def run_launch(tmp_path: Path, fault: str | None, steps: int = 8, action: str = "terminate", join: bool = True):
     out = tmp_path / "out"
     env = dict(os.environ)
     env["TRAIN_STEPS"] = str(steps)
@@ -33,8 +33,11 @@ def run_launch(tmp_path: Path, fault: str | None, steps: int = 8, action: str = 
     # --grace 3: after a terminate the ranks are gone within a second (at their step
     # boundary, or taken down by msrun after a dead peer), but msrun lingers on its
     # scheduler; the default 10 s grace was waited out on every terminated run.
+    msrun = msrun_command(RANKS, out / "msrun_logs")
+    if not join:
+        msrun.remove("--join=True")
     cmd = [sys.executable, "-m", "rankscope", "launch", "--export-dir", str(out), "--grace", "3",
-           "--on-divergence", action, "--", *msrun_command(RANKS, out / "msrun_logs")]
+           "--on-divergence", action, "--", *msrun]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=400)
     incidents = sorted((out / "incidents").glob("*/incident.json")) if (out / "incidents").exists() else []
     return proc, out, [json.loads(p.read_text()) | {"_dir": p.parent} for p in incidents]
@@ -51,10 +54,13 @@ def _explain(proc, out: Path) -> str:
 
 
 def test_clean_run_exits_zero_with_no_incident(tmp_path):
-    proc, out, incidents = run_launch(tmp_path, None, steps=6)
+    # msrun as typed without --join: its default (False) returns at once, with the
+    # workers still starting; launch runs it joined and says so.
+    proc, out, incidents = run_launch(tmp_path, None, steps=6, join=False)
     assert proc.returncode == 0, _explain(proc, out)
     assert incidents == [], incidents
     assert "no divergence found" in proc.stdout
+    assert "running it with --join=True" in proc.stdout and "watched steps 0-5 on 4/4 ranks" in proc.stdout
     # The local dump is msProbe's layout, one folder per rank.
     ranks = sorted(p.name for p in (out / "local_dump").glob("step0/rank*"))
     assert ranks == [f"rank{r}" for r in range(RANKS)], ranks

@@ -1,0 +1,31 @@
+"""msrun returns before its workers end unless joined: launch runs an msrun line joined."""
+from __future__ import annotations
+
+import pytest
+
+from rankscope.coordinator.launch.msrun_args import JOIN_NOTE, joined
+
+
+@pytest.mark.parametrize("cmd, want", [
+    # msrun's default is --join=False: nothing said is not joined
+    (["msrun", "--worker_num=4", "--local_worker_num", "4", "train.py", "--join=False"],
+     ["msrun", "--worker_num=4", "--local_worker_num", "4", "--join=True", "train.py", "--join=False"]),
+    (["msrun", "--join=False", "--worker_num=4", "train.py"], ["msrun", "--worker_num=4", "--join=True", "train.py"]),
+    (["msrun", "--join", "False", "--log_dir", "/l", "t.py", "-x"], ["msrun", "--log_dir", "/l", "--join=True", "t.py", "-x"]),
+    (["/opt/bin/python3.11", "-m", "mindspore.parallel.cluster.run", "--worker_num=2", "t.py"],
+     ["/opt/bin/python3.11", "-m", "mindspore.parallel.cluster.run", "--worker_num=2", "--join=True", "t.py"]),
+])
+def test_an_unjoined_msrun_line_is_joined_and_said(cmd, want):
+    assert joined(cmd) == (want, JOIN_NOTE)
+
+
+@pytest.mark.parametrize("cmd", [
+    ["msrun", "--worker_num=4", "--join=True", "train.py", "--lr", "1"],  # joined already: untouched
+    ["/x/bin/msrun", "--join", "True", "t.py"],
+    ["python", "train.py", "--join=False"],  # not msrun: a script's own flag
+    ["bash", "run_msrun.sh"],
+    ["msrun", "--help"],
+    ["msrun"],
+])
+def test_anything_else_is_left_as_typed(cmd):
+    assert joined(cmd) == (cmd, None)
