@@ -154,12 +154,16 @@ class WatchedRanks:
         return f"{len(watched)} of {len(watched) + len(self.unwatched)} rank(s) watched" + (f" ({ids})" if ids else "")
 
 
+NONE_ATTACHED = ("no rank attached (did the command start MindSpore processes, and wait for them rather than "
+                 "start them in the background?)")
+
+
 def end_of_run_line(cov: WatchedRanks, rc: int, found_divergence: bool) -> str:
     """The closing line; claims nothing about ranks or steps that were not watched."""
     tail = f"command exited with {rc}"
     missed = ", ".join(f"{rank_name(n.get('rank'), n.get('pid'))} ({_how_missed(n)})" for n in cov.unwatched)
     if not cov.watched:
-        why = f"UNWATCHED: {missed}" if missed else "no rank attached (did the command import MindSpore?)"
+        why = f"UNWATCHED: {missed}" if missed else NONE_ATTACHED
         return f"NOTHING WAS WATCHED: {why}; {tail}"
     steps = (f", steps through {cov.last_judged_step} compared" if cov.last_judged_step is not None
              else ", no step was compared")

@@ -322,7 +322,7 @@ def run_ingest(ranks: int, tensors: int, steps: int, *, nodes: int | None = None
             # Sent against taken in: frames dropped anywhere on the way show up here.
             "records_ingested": _ingested(final), "records_lost": ranks * tensors * (steps + paced) - _ingested(final),
             "records_per_s": round(records1 / elapsed, 1),
-            "frames_per_s": round(ranks * (steps - 1) / elapsed, 1),
+            "rank_steps_per_s": round(ranks * (steps - 1) / elapsed, 1),  # each rank's step, packed or not
             "per_shard": per,
             "judge_latency_ms_median": _percentile(lat, 50), "judge_latency_ms_p99": _percentile(lat, 99),
             "judge_latency_ms": [round(x, 1) for x in lat],

@@ -131,3 +131,17 @@ def test_a_terminated_commands_tree_is_ended_once_no_rank_is_left_or_the_grace_i
     # No word of the ranks (status unavailable, or none heard from yet): the grace decides.
     assert end_command_now(99.5, 100.0, 10.0, None) is None
     assert end_command_now(99.5, 100.0, 10.0, status({})) is None
+
+
+def test_the_unwatched_exit_is_announced_only_when_launch_chooses_it(capsys):
+    from rankscope.coordinator.launch.runner import Launch
+    from rankscope.coordinator.launch.watched import NONE_ATTACHED
+    nobody = WatchedRanks.of(status({}), {})
+    assert NONE_ATTACHED in end_of_run_line(nobody, 1, found_divergence=False)
+    # The command failed (a rank raised on its bad config): its status is the exit, said as such.
+    assert Launch._unwatched_exit(nobody, 1, allow=False) == 1
+    assert "exit status" not in capsys.readouterr().err
+    assert Launch._unwatched_exit(nobody, 0, allow=False) == UNWATCHED_EXIT
+    assert f"exit status {UNWATCHED_EXIT}: ranks ran unwatched" in capsys.readouterr().err
+    assert Launch._unwatched_exit(nobody, 0, allow=True) == 0
+    assert capsys.readouterr().err == ""
