@@ -131,10 +131,13 @@ def rank_config(config_path: str | os.PathLike | None = None, *, task: str | Non
         job = cluster_of(read_config_file(job_path))
     except Exception as exc:  # noqa: BLE001 - the rank's own config still works
         return cfg, f"the job's config {job_path} cannot be read ({exc}): this rank's own cluster settings apply"
-    diffs = disagreements(cfg.cluster, job)
+    # Said only for what the rank's file sets: one silent on a setting (an msProbe config
+    # has no cluster section) overrides nothing the user wrote, and takes the job's quietly.
+    written = set(raw.get("cluster") or {})
+    diffs = [d for d in disagreements(cfg.cluster, job) if d[0] in written]
+    cfg.cluster = in_force(cfg.cluster, job)
     if not diffs:
         return cfg, None
-    cfg.cluster = in_force(cfg.cluster, job)
     said = "; ".join(f"{key}: {say_value(mine)} here, {say_value(theirs)} for the job"
                      if key not in ("detectors", "watchpoints") else f"{key}: not the same"
                      for key, mine, theirs in diffs)

@@ -52,8 +52,11 @@ def test_a_ranks_own_config_keeps_its_capture_but_not_cluster_wide_settings(tmp_
     assert (cfg.cluster.on_divergence.value, cfg.cluster.on_terminate) == ("export", "exit")  # the job's
     assert cfg.cluster.to_dict()["on_divergence"] == "export"
     assert "on_divergence: 'pause' here, 'export' for the job" in note
-    assert "on_terminate: 'raise' here, 'exit' for the job" in note
-    assert "groups" not in note and "The job's values are in force" in note
+    # on_terminate: not in the rank's file, so nothing it wrote is overridden; the job's holds
+    assert "on_terminate" not in note and "groups" not in note and "The job's values are in force" in note
+    # an msProbe config (no cluster section): the job's settings, and nothing to say
+    cfg, note = rank_config(_write(tmp_path / "msprobe.json", {"task": "statistics", "level": "L0"}), env=env)
+    assert note is None and (cfg.cluster.on_divergence.value, cfg.cluster.on_terminate) == ("export", "exit")
     # the job's own file given explicitly is not "another" config
     assert rank_config(job, env=env)[1] is None
     # an own config with no dump_path still dumps under launch's folder
