@@ -359,6 +359,38 @@ def test_seed_examples_run_unchanged(tmp_path):
     assert l1["Functional.matmul.0.backward"]["output"][1:] in ([], [None])
 
 
+def test_batchnorm_moving_statistics_are_not_recorded_as_replicated_weights(tmp_path):
+    # Each data-parallel rank updates BatchNorm's moving mean/variance from its own batch:
+    # as PARAM (replicated) records, every CNN was a replica split at step 0.
+    class BnNet(nn.Cell):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc, self.bn = nn.Dense(8, 4), nn.BatchNorm1d(4)
+
+        def construct(self, x):
+            return self.bn(self.fc(x)).sum()
+
+    ms.set_seed(3)
+    net = BnNet()
+    opt = nn.SGD(net.trainable_params(), learning_rate=0.1)
+    grad_fn = ms.value_and_grad(net, None, opt.parameters)
+    dbg = PrecisionDebugger(dump_path=str(tmp_path / "d"), level="L0")
+    for step in range(2):
+        dbg.start(net)
+        _, grads = grad_fn(ms.Tensor(np.random.default_rng(step).standard_normal((4, 8)).astype(np.float32)))
+        opt(grads)
+        dbg.stop()
+        dbg.step()
+    b = dbg.flight_recorder.batches()[1]
+    kinds = dict(zip((dbg.recorder.names.name(int(i)) for i in b.name_ids), b.kinds.tolist()))
+    dbg.close()
+    bn = "Cell.bn.BatchNorm1d.forward.0.parameters"
+    assert kinds[f"{bn}.moving_mean"] == kinds[f"{bn}.moving_variance"] == Kind.FORWARD
+    assert kinds[f"{bn}.gamma"] == kinds["Cell.fc.Dense.forward.0.parameters.weight"] == Kind.PARAM
+    data = load(tmp_path / "d", 1, f"proc{os.getpid()}")["data"]
+    assert set(data["Cell.bn.BatchNorm1d.forward.0"]["parameters"]) >= {"moving_mean", "moving_variance", "gamma"}
+
+
 def test_a_rank_folder_held_by_another_live_process_is_not_overwritten(tmp_path):
     import signal
     import subprocess

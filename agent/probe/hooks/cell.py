@@ -142,9 +142,14 @@ class CellHooks:
         cached = self.rec.param_cache.get(id(param)) if self.rec.task != "tensor" else None
         if cached is not None:  # read at step start; the forward uses the same values
             return self.rec.known(name, Kind.PARAM, cached)
+        # A parameter no gradient trains is not kept equal by data parallelism: BatchNorm's
+        # moving mean and variance are updated in each rank's forward from its own batch.
+        # Recorded as what the forward produced, not as a replicated weight, or every
+        # data-parallel CNN would be a replica split at step 0.
+        kind = Kind.PARAM if getattr(param, "requires_grad", True) else Kind.FORWARD
         if self.rec.params_now():
-            return self.rec.tensor_now(name, Kind.PARAM, param)
-        return self.rec.tensor(name, Kind.PARAM, param)
+            return self.rec.tensor_now(name, kind, param)
+        return self.rec.tensor(name, kind, param)
 
     def _pgrad_hook(self, prefix: str, pname: str):
         rec = self
