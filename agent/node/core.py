@@ -310,18 +310,14 @@ class NodeCore:
                 "exit_status": exit_status, "reason": reason,
                 "died_at": self.wall() if died_at is None else died_at,
                 "signal": -exit_status if exit_status is not None and exit_status < 0 else None}
-        position, sync = self._rank_file(e)
-        # The file's sync point is the rank's newest (stored at each collective); the last
-        # heartbeat's may be older, or the only one (a rank on another host).
+        position, sync = self._rank_file(e)  # its sync point: newer than the last heartbeat's
         body["sync"] = sync or e.extra.get("sync")
-        extras = {"position": position, "exception": e.extra.get("exception")}
-        body.update({k: v for k, v in extras.items() if v})
+        body.update({k: v for k, v in {"position": position, "exception": e.extra.get("exception")}.items() if v})
         self._up_own(protocol.RANK_LOST, e.job, body)
         self.publish_map(e.job)
 
     def _rank_file(self, e: RankEntry) -> tuple[dict | None, dict | None]:
-        """The (step, token) a local rank last began and its newest sync point, read from
-        (and removing) its position file."""
+        """A local rank's position and newest sync point, read from (and removing) its file."""
         return read_rank_file(position_file(e.job, e.pid)) if e.host == self.host else (None, None)
 
     def watched_pids(self) -> set[int]:

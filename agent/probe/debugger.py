@@ -222,8 +222,7 @@ class PrecisionDebugger:
         if self._token_hooks is not None:
             self._token_hooks.remove()
         if self._position is not None:
-            self.sync.file = None
-            self._position.close()
+            self._position.close()  # its stores stop: the sync tracker's too
         for sink in self.sinks:
             try:
                 sink.close()
@@ -270,8 +269,8 @@ class PrecisionDebugger:
             return None
 
     def _write_position(self, step: int, token: int) -> None:
-        # For the node agent after a crash: the step (token) this rank began; a step's
-        # records, or the tokens since the last heartbeat, may die unsent with it.
+        # For the node agent after a crash (made at connect): the step (token) this rank began
+        # and its newest sync point, which its unsent records or last heartbeat may not say.
         if self._position is None and self.client is not None:
             self._position = PositionWriter(position_file(self.job, os.getpid()))
             self.sync.file = self._position
@@ -301,7 +300,6 @@ class PrecisionDebugger:
         endpoint = self.config.cluster.agent or os.environ.get("RANKSCOPE_AGENT")
         if endpoint and self.client is None:
             self._guard("connecting to the node agent", lambda: self._connect(endpoint))
-            # The position file from the first step on: its collectives are recorded there too.
             self._guard("the position file", lambda: self._write_position(self.current_step, NO_TOKEN))
         self._set_rank(self.rank)
 
@@ -329,9 +327,8 @@ class PrecisionDebugger:
             self.recorder.error("claiming the rank folder", exc)
             return dump_label(rank)
         if holder is not None:
-            who = "another process" if holder == UNKNOWN_HOLDER else f"pid {holder}"
-            log.warning("rankscope: %s is taken by %s under %s; dumping as %s",
-                        dump_label(rank), who, self.config.dump_path, label)
+            log.warning("rankscope: %s is taken by %s under %s; dumping as %s", dump_label(rank),
+                        "another process" if holder == UNKNOWN_HOLDER else f"pid {holder}", self.config.dump_path, label)
         return label
 
     def _connect(self, endpoint: str) -> None:
