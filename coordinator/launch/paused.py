@@ -14,7 +14,7 @@ from typing import Any, Callable
 VERBS = (("resume", "train on"),
          ("step 1", "run 1 more step (any N), then pause again"),
          ("export", "write every rank's bundle now"),
-         ("terminate", "stop the job (Ctrl-C here does the same)"),
+         ("terminate", "stop the job (Ctrl-C here stops it too)"),
          ("status", "where every rank is"))
 
 
@@ -46,9 +46,12 @@ def since(seconds: float) -> str:
     return f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"
 
 
-def commands(reach: str) -> list[str]:
-    width = max(len(v) for v, _ in VERBS)
-    return [f"    rankscope {verb:<{width}} {reach}   # {what}" for verb, what in VERBS]
+def commands(reach: str, export: bool = True) -> list[str]:
+    """``export=False``: an incident holds the pause and its bundles are written already
+    (a second export of the job is refused while it is open)."""
+    verbs = [(v, w) for v, w in VERBS if export or v != "export"]
+    width = max(len(v) for v, _ in verbs)
+    return [f"    rankscope {verb:<{width}} {reach}   # {what}" for verb, what in verbs]
 
 
 class PausedNotice:
@@ -70,8 +73,9 @@ class PausedNotice:
         if held(cut):
             self._paused(cut, incidents, now)
         elif self._held_at is not None and cut is None:
-            self.say(f"resumed: training goes on (was paused before step {self._held_at[0]} "
-                     f"for {since(now - self._held_at[1])})")
+            # A terminate also lifts the cut: the ranks leave their hold to exit, not to train.
+            went = "terminated" if status.get("terminated") else "resumed: training goes on"
+            self.say(f"{went} (was paused before step {self._held_at[0]} for {since(now - self._held_at[1])})")
             self._held_at, self._told_commands = None, None
 
     def _paused(self, cut: dict[str, Any], incidents: list[dict[str, Any]], now: float) -> None:
@@ -94,12 +98,14 @@ class PausedNotice:
                 if held_inc is not None:
                     self.say(f"held on incident {held_inc.get('incident_id')}: {held_inc.get('summary', '')}")
                 self.say("the job waits for you; go on with one of (from another terminal):")
-                for line in commands(self.reach):
+                for line in commands(self.reach, export=held_inc is None):
                     self.say(line)
         if now >= self._next_beat:
             self._next_beat = now + self.every_s
+            verbs = "resume|step N|terminate" if any(i.get("state") == "written" for i in incidents) \
+                else "resume|step N|export|terminate"
             self.say(f"still paused before step {step} for {since(now - self._held_at[1])}; "
-                     f"waiting for rankscope resume|step N|export|terminate {self.reach}")
+                     f"waiting for rankscope {verbs} {self.reach}")
 
     def _export_progress(self, inc: dict[str, Any], now: float) -> None:
         iid, state = inc.get("incident_id"), inc.get("state")

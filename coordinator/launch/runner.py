@@ -29,6 +29,7 @@ from rankscope.coordinator.launch.watched import (
     end_command_now,
     end_of_run_line,
     exit_status,
+    shell_status,
     still_live,
 )
 from rankscope.wire.job_state import TerminatedWatch
@@ -197,7 +198,7 @@ class Launch:
                 self.signal_tree(signal.SIGKILL)
                 break
             time.sleep(0.5 if agent_watch is not None else 1.0)
-        return self.cmd_proc.wait()
+        return shell_status(self.cmd_proc.wait())
 
     def write_job_config(self) -> Path:
         """The job's config where every rank's RANKSCOPE_CONFIG points. Without the
@@ -254,6 +255,8 @@ class Launch:
             (self.say if cov.complete else print_loud)(line)
             self.say(watched)
             self._say_watch(status)
+            if rc != 0 and (status or {}).get("terminated"):
+                return INCIDENT_EXIT  # `rankscope terminate` with no incident: still rankscope's doing
             return self._unwatched_exit(cov, rc, allow)
         self.say(watched)
         self._say_watch(status)

@@ -180,6 +180,12 @@ def _how_missed(note: dict[str, Any]) -> str:
     return "never attached" if note.get("reason") == "never attached" else "failed to attach"
 
 
+def shell_status(returncode: int) -> int:
+    """A command killed by signal N is 128+N, as a shell says it (exiting with Popen's -N
+    would show as 256-N: 247 for SIGKILL)."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
 def exit_status(cov: WatchedRanks, rc: int, allow_unwatched: bool) -> int:
     """The command's own failure wins; a success with unwatched ranks is not one."""
     if rc != 0 or allow_unwatched or cov.complete:

@@ -38,16 +38,20 @@ def test_divergence_pause_export_commands_heartbeat_and_resume() -> None:
     cmds = [line.split("#")[0].split() for line in lines[3:]]
     assert ["rankscope", "resume", "--address", "10.0.0.5:6379", "--job", "j"] in cmds
     assert ["rankscope", "step", "1", "--address", "10.0.0.5:6379", "--job", "j"] in cmds
-    assert {c[1] for c in cmds} == {"resume", "step", "export", "terminate", "status"}
+    # the incident's bundles are written: a second export would be refused while it is open
+    assert {c[1] for c in cmds} == {"resume", "step", "terminate", "status"}
     lines.clear()
     notice.update(_status(_cut(7, both), [written]), 20.0)
     assert lines == []  # no repeats
     notice.update(_status(_cut(7, both), [written]), 95.0)
-    assert lines == [f"still paused before step 7 for 1m34s; waiting for rankscope resume|step N|export|terminate "
-                     f"{reach}"]
+    assert lines == [f"still paused before step 7 for 1m34s; waiting for rankscope resume|step N|terminate {reach}"]
     lines.clear()
     notice.update(_status(None, [{**written, "state": "resumed"}]), 100.0)
     assert lines == ["resumed: training goes on (was paused before step 7 for 1m39s)"]
+    notice.update(_status(_cut(7, both), [written]), 101.0)
+    lines.clear()
+    notice.update({**_status(None, [{**written, "state": "terminated"}]), "terminated": True}, 102.0)
+    assert lines == ["terminated (was paused before step 7 for 1s)"]  # not "training goes on"
 
 
 def test_a_partial_cut_names_the_ranks_that_are_not_there() -> None:

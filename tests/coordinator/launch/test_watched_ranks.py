@@ -145,3 +145,15 @@ def test_the_unwatched_exit_is_announced_only_when_launch_chooses_it(capsys):
     assert f"exit status {UNWATCHED_EXIT}: ranks ran unwatched" in capsys.readouterr().err
     assert Launch._unwatched_exit(nobody, 0, allow=True) == 0
     assert capsys.readouterr().err == ""
+
+
+def test_a_command_killed_by_a_signal_exits_as_a_shell_says_it():
+    import signal
+    import subprocess
+    import sys
+
+    from rankscope.coordinator.launch.watched import shell_status
+    proc = subprocess.run([sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"])
+    assert proc.returncode == -signal.SIGKILL
+    assert shell_status(proc.returncode) == 137  # not 247, what exiting with -9 shows
+    assert shell_status(3) == 3 and shell_status(0) == 0
