@@ -47,6 +47,9 @@ class IncidentBook:
         #: Jobs rankscope terminated: their ranks ending is the expected outcome, not a
         #: finding, and no further incident is opened for them.
         self.terminated_jobs: set[str] = set()
+        # Jobs an operator paused (rankscope pause) and has not resumed: an export there
+        # must leave the job held, not resume it as the export policy does.
+        self.held_by_operator: set[str] = set()
         self.cuts = CutKeeper()
         for inc in self.store.load_all():  # a restarted coordinator keeps its incidents
             self.by_id[inc.incident_id] = inc
@@ -208,6 +211,7 @@ class IncidentBook:
     def operator(self, command: str, job: str, n: int | None = None) -> list[Action]:
         inc = self.active(job)
         if command in ("resume", "terminate") and inc is not None:
+            self.held_by_operator.discard(job)
             return self.fire(inc, IncidentEvent(command))
         if command == "export":
             if inc is not None:
@@ -216,7 +220,8 @@ class IncidentBook:
             v = Verdict("manual", -1, newest, None, None, None, f"{job}/*", {"rule": "operator export"}, [], job)
             before = len(self.actions)
             self.terminated_jobs.discard(job)  # an explicit request is honoured
-            self.open_or_attach(v, OnDivergence.EXPORT)
+            held = job in self.held_by_operator
+            self.open_or_attach(v, OnDivergence.PAUSE if held else OnDivergence.EXPORT)
             return self.actions[before:]
         if command not in _OPERATOR:
             raise ValueError(f"command: unknown {command!r} (pause|resume|step|terminate|export)")
@@ -225,6 +230,10 @@ class IncidentBook:
         act = Action(_OPERATOR[command], job, None, {"n": n} if command == "step" else {})
         if command == "terminate":
             self.terminated_jobs.add(job)
+        if command in ("pause", "step"):
+            self.held_by_operator.add(job)
+        else:
+            self.held_by_operator.discard(job)
         self._queue([act])
         return [act]
 

@@ -196,6 +196,31 @@ def test_operator_controls_without_incident_and_manual_export(tmp_path) -> None:
     assert a.kind is ActionKind.PAUSE and core.incidents()[0]["verdict"]["detector"] == "manual"
 
 
+@pytest.mark.parametrize("first, policy, after_write", [
+    (None, "export", [ActionKind.RESUME]),  # a running job: export, then train on
+    ("pause", "pause", []),  # the operator's pause holds until the operator's resume
+    ("step", "pause", []),  # step N ends in a pause too
+])
+def test_an_operator_export_keeps_an_operator_pause(tmp_path, first, policy, after_write) -> None:
+    clock = FakeClock()
+    core = CoordinatorCore({"pause_timeout_s": 1, "export_timeout_s": 1}, clock=clock, export_dir=tmp_path)
+    core.on_register("j", 0, {})
+    if first is not None:
+        core.operator(first, n=1 if first == "step" else None)
+    core.operator("export")
+    [inc] = core.incidents()
+    assert inc["policy"] == policy
+    for _ in range(2):  # no rank answers here: the pause, then the export, time out
+        clock.advance(1.0)
+        core.tick()
+    core.take_actions()
+    core.write_incident(inc["incident_id"])
+    assert [a.kind for a in core.take_actions()] == after_write
+    if policy == "pause":
+        assert [a.kind for a in core.operator("resume")] == [ActionKind.RESUME]
+        assert core.incidents()[0]["state"] == "resumed"
+
+
 def test_ranks_ending_after_rankscope_terminated_the_job_open_nothing(tmp_path) -> None:
     clock = FakeClock()
     core = CoordinatorCore({"on_divergence": "terminate", "pause_timeout_s": 1, "export_timeout_s": 1},
