@@ -47,6 +47,10 @@ class ProgressPrinter:
             iid = inc.get("incident_id")
             if iid and iid not in self._incidents:
                 self._incidents.add(iid)
+                if inc.get("detector") == "manual":
+                    self.say(f"EXPORT on an operator's request at step {shown(inc.get('step'))} (no divergence named); "
+                             f"state {shown(inc.get('state'))}")
+                    continue
                 self.say(f"DIVERGENCE: {shown(inc.get('detector'))} names rank "
                          f"{shown(inc.get('first_diverging_rank'))} at step {shown(inc.get('step'))} "
                          f"({what_of(inc)}); state {shown(inc.get('state'))}")
@@ -97,6 +101,8 @@ def format_verdict(incident: dict[str, Any]) -> str:
         # which of them is "first" means nothing.
         split = sorted(int(r) for r in [incident.get("first_diverging_rank"), *ties] if r is not None)
         head = f"{rank_span(split)} hold different replicas, with no majority: no rank can be named first"
+    if incident.get("detector") == "manual":
+        head = f"no divergence named: bundles exported on an operator's request at step {shown(incident.get('step'))}"
     lines = [
         "",
         f"rankscope verdict: {head}",

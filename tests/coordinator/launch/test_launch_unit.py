@@ -182,3 +182,15 @@ def test_replicas_split_with_no_majority_name_no_first_rank():
     one = format_verdict({"first_diverging_rank": 2, "detector": "replica", "step": 1, "ties": [],
                           "evidence": {"majority": True}})
     assert "rankscope verdict: rank 2 diverged first" in one
+
+
+def test_an_operator_export_is_not_called_a_divergence_of_rank_minus_one():
+    from rankscope.coordinator.launch.progress import ProgressPrinter
+    inc = {"incident_id": "I9", "first_diverging_rank": -1, "detector": "manual", "step": 4, "tensor": None,
+           "ties": [], "state": "exporting", "evidence": {"rule": "operator export"}}
+    text = format_verdict(inc)
+    assert "rankscope verdict: no divergence named: bundles exported on an operator's request at step 4" in text
+    assert "rank -1" not in text
+    lines = []
+    ProgressPrinter(lines.append).update({"incidents": [inc]})
+    assert lines[-1] == "EXPORT on an operator's request at step 4 (no divergence named); state exporting"
