@@ -29,14 +29,14 @@ class SyncTracker:
         self._step, self._seq = step, 0
 
     def enter(self, what: str) -> None:
-        self.latest = point = SyncPoint(what, self._step, self._seq, IN, self.clock())
-        self.changes += 1
-        if self.file is not None:
-            self.file.write_sync(point)
+        self._reached(SyncPoint(what, self._step, self._seq, IN, self.clock()))
 
     def leave(self, what: str) -> None:
-        self.latest = point = SyncPoint(what, self._step, self._seq, OUT, self.clock())
+        self._reached(SyncPoint(what, self._step, self._seq, OUT, self.clock()))
         self._seq += 1
+
+    def _reached(self, point: SyncPoint) -> None:
+        self.latest = point
         self.changes += 1
         if self.file is not None:
             self.file.write_sync(point)

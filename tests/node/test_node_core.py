@@ -251,20 +251,27 @@ def test_a_pidfd_notice_starts_the_grace_without_waiting_for_the_scan(tmp_path):
     assert core.watched_pids() == set()
 
 
-def test_the_last_sync_point_travels_with_the_loss_and_a_clock_probe_is_answered(tmp_path):
-    core, world = make(tmp_path)
+def _beat_then_sigkill(core, world, step: int, sync: dict, before_kill=lambda: None) -> dict:
+    """Rank 0 (pid 11) sends one heartbeat with ``sync``, then dies by SIGKILL: its RANK_LOST body."""
     register(core, b"a", 11, 0, world_size=1)
     core.tick()
     core.take()
-    sync = {"what": "AllReduce", "step": 5, "seq": 0, "phase": "in", "at": 1.7e9}
     core.on_rank_frame(b"a", encode(Message(protocol.HEARTBEAT, "j", "rank:h:11", 4, {
-        "rank": 0, "step": 4, "state": "running", "pid": 11, "sync": sync})))
+        "rank": 0, "step": step, "state": "running", "pid": 11, "sync": sync})))
+    before_kill()
     world.kill(11, signal.SIGKILL)
     core.on_pid_exit(11)
     world.t += EXIT_GRACE_S + 0.01
     core.tick()
-    lost = [m.body for m in up_messages(core.take()) if m.type == protocol.RANK_LOST]
-    assert lost[0]["sync"] == sync
+    [lost] = [m.body for m in up_messages(core.take()) if m.type == protocol.RANK_LOST]
+    return lost
+
+
+def test_the_last_sync_point_travels_with_the_loss_and_a_clock_probe_is_answered(tmp_path):
+    core, world = make(tmp_path)
+    sync = {"what": "AllReduce", "step": 5, "seq": 0, "phase": "in", "at": 1.7e9}
+    lost = _beat_then_sigkill(core, world, 4, sync)
+    assert lost["sync"] == sync
     core.on_coordinator_frame(encode(Message(protocol.STATUS, "j", "coordinator", 9,
                                              {"what": "clock", "detail": {"t1": 5.0}})))
     [reply] = [protocol.Decoder().decode(f) for f in core.take().up_volatile]
@@ -280,20 +287,13 @@ def test_the_sync_point_the_rank_stored_after_its_last_heartbeat_is_the_one_repo
     from rankscope.wire.sync import IN, SyncPoint
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the position files of this test only
     core, world = make(tmp_path)
-    register(core, b"a", 11, 0, world_size=1)
-    core.tick()
-    core.take()
     stale = {"what": "AllReduce", "step": 4, "seq": 0, "phase": "out", "at": 1.7e9}
-    core.on_rank_frame(b"a", encode(Message(protocol.HEARTBEAT, "j", "rank:h:11", 4, {
-        "rank": 0, "step": 3, "state": "running", "pid": 11, "sync": stale})))
-    w = PositionWriter(position_file("j", 11))
-    w.write(5, NO_TOKEN)
-    w.write_sync(SyncPoint("AllReduce", 5, 0, IN, 1.7e9 + 0.4))  # after the last heartbeat
-    world.kill(11, signal.SIGKILL)
-    core.on_pid_exit(11)
-    world.t += EXIT_GRACE_S + 0.01
-    core.tick()
-    [lost] = [m.body for m in up_messages(core.take()) if m.type == protocol.RANK_LOST]
+
+    def the_rank_writes_on():
+        w = PositionWriter(position_file("j", 11))
+        w.write(5, NO_TOKEN)
+        w.write_sync(SyncPoint("AllReduce", 5, 0, IN, 1.7e9 + 0.4))  # after the last heartbeat
+    lost = _beat_then_sigkill(core, world, 3, stale, the_rank_writes_on)
     assert lost["sync"] == {"what": "AllReduce", "step": 5, "seq": 0, "phase": "in", "at": 1.7e9 + 0.4}
     assert lost["position"] == {"step": 5, "token": None}
 
