@@ -2,8 +2,6 @@
 without a coordinator counting anything twice. No I/O."""
 from __future__ import annotations
 
-import collections
-
 
 class SeqCounter:
     """Per-sender sequence numbers. Not thread-safe: each sending thread owns its counter
@@ -20,27 +18,35 @@ class SeqCounter:
 
 class ReplayFilter:
     """Drops (src, seq) pairs already seen: spool replays after a coordinator restart
-    must not count twice. Keeps a high-water mark per sender plus a small window of
-    out-of-order seqs, so memory stays bounded."""
+    must not count twice. Keeps, per sender, its highest seq and which of the ``window``
+    seqs below it were seen, as the bits of one int (bit i: seq ``high - i``), so a sender
+    costs window/8 bytes however long the job runs; a seq older than the window is taken
+    for a replay."""
 
     def __init__(self, window: int = 4096) -> None:
         self.window = window
+        self._full = (1 << window) - 1
         self._high: dict[str, int] = {}
-        self._recent: dict[str, set[int]] = collections.defaultdict(set)
+        self._seen: dict[str, int] = {}
         self.duplicates = 0
 
     def fresh(self, src: str, seq: int) -> bool:
-        high = self._high.get(src, -1)
-        recent = self._recent[src]
-        if seq <= high - self.window or seq in recent:
-            self.duplicates += 1
-            return False
-        recent.add(seq)
+        high = self._high.get(src)
+        if high is None:
+            self._high[src], self._seen[src] = seq, 1
+            return True
         if seq > high:
             self._high[src] = seq
-            if len(recent) > 2 * self.window:
-                floor = seq - self.window
-                self._recent[src] = {s for s in recent if s > floor}
+            # A jump past the window forgets it all (and never builds a huge int).
+            ahead = seq - high
+            self._seen[src] = ((self._seen[src] << ahead) | 1) & self._full if ahead < self.window else 1
+            return True
+        back = high - seq
+        seen = self._seen[src]
+        if back >= self.window or seen >> back & 1:
+            self.duplicates += 1
+            return False
+        self._seen[src] = seen | 1 << back
         return True
 
     def state(self) -> dict[str, int]:
