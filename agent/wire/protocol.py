@@ -25,7 +25,9 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from rankscope.wire.records import Kind, StepBatch
+from rankscope.wire.columns import MAX_KIND, STEP_COLS, STEP_TAIL, check_names, pack_steps, unpack_steps
+from rankscope.wire.errors import ProtocolError
+from rankscope.wire.records import StepBatch
 from rankscope.wire.replay import ReplayFilter, SeqCounter  # noqa: F401 (their home was here)
 from rankscope.wire.sync import SyncPoint
 
@@ -76,8 +78,10 @@ SCHEMAS: dict[str, _Schema] = {
         "wall_time": (_NUM, False), "new_names": ((dict,), True), "cols": ((dict,), True),
     },
     # parts: per rank's STEP (one row each) its src, seq, rank, step, token, row count, wall
-    # time and new names (PART_FIELDS); cols: the parts' columns one after the other.
-    STEPS: {"parts": ((dict,), True), "cols": ((dict,), True)},
+    # time and new names (PART_FIELDS); cols: the parts' columns one after the other; each
+    # packed in one bytes field (wire.columns, which checks the body whole).
+    STEPS: {"k": (_INT, True), "n": (_INT, True), "head": ((bytes,), True), "cols": ((bytes,), True),
+            "src": ((list,), True), "names": ((list,), True)},
     HEARTBEAT: {"rank": (_INT, True), "step": (_INT, True), "state": ((str,), True),
                 "pid": (_INT, False), "sync": ((dict, type(None)), False), "dropped": (_INT, False),
                 # started: the step the rank last began; hold_at: the step it was told to
@@ -109,22 +113,6 @@ WATCH_DETAIL: _Schema = {"rank": ((int, type(None)), True), "mode": ((str,), Tru
                          "how": ((str,), True), "reason": ((str,), True)}
 WATCH_TEXT_MAX = 300
 
-_STEP_COLS: dict[str, tuple[str, int]] = {
-    # column -> (required dtype, ndim)
-    "name_ids": ("<u4", 1), "kinds": ("|u1", 1), "exec_index": ("<u4", 1),
-    "stats": ("<f8", 2), "nan_count": ("<i8", 1), "inf_count": ("<i8", 1),
-    "numel": ("<i8", 1), "crc32": ("<i8", 1),
-}
-STEP_COLUMNS = tuple(_STEP_COLS)
-
-
-class ProtocolError(ValueError):
-    """A frame that must be rejected; ``reason`` is a short stable tag for counters."""
-
-    def __init__(self, reason: str, detail: str = "") -> None:
-        super().__init__(f"{reason}: {detail}" if detail else reason)
-        self.reason = reason
-
 
 @dataclass
 class Message:
@@ -137,8 +125,9 @@ class Message:
 
 def encode(msg: Message) -> bytes:
     """Serialise a message; bodies may hold numpy arrays (encoded as typed bytes)."""
+    body = pack_steps(msg.body) if msg.type == STEPS else msg.body
     env = {"v": PROTOCOL_VERSION, "t": msg.type, "job": msg.job, "src": msg.src,
-           "seq": msg.seq, "b": msg.body}
+           "seq": msg.seq, "b": body}
     return msgpack.packb(env, default=_pack_default, use_bin_type=True)
 
 
@@ -152,7 +141,6 @@ def _pack_default(obj: Any) -> Any:
 
 
 _ACCEPTED_DTYPES: dict[str, np.dtype] = {}
-_MAX_KIND = int(max(Kind))
 
 
 def decode_array(obj: Any, what: str) -> np.ndarray:
@@ -250,9 +238,9 @@ class Decoder:
         _check_body(mtype, body)
         if mtype == STEP:
             _check_cols(body["cols"], "step")
-            _check_names(body["new_names"], "step")
+            check_names(body["new_names"], "step")
         elif mtype == STEPS:
-            _check_pack(body)
+            unpack_steps(body)
         elif mtype == CONTROL and body["command"] not in CONTROL_COMMANDS:
             raise ProtocolError("bad_field", f"control.command {body['command']!r}")
         elif mtype == STATUS and body["what"] == "watch":
@@ -298,18 +286,17 @@ def _check_watch(detail: Any) -> None:
 
 
 #: Per column: (name, dtype string, dtype, trailing shape).
-_STEP_SPECS = tuple((name, dstr, np.dtype(dstr), (4,) if name == "stats" else ())
-                    for name, (dstr, _) in _STEP_COLS.items())
-_STEP_NAMES = frozenset(_STEP_COLS)
+_STEP_SPECS = tuple((name, dstr, np.dtype(dstr), STEP_TAIL[name]) for name, (dstr, _) in STEP_COLS.items())
+_STEP_NAMES = frozenset(STEP_COLS)
 _ARRAY_KEYS = frozenset({"d", "s", "b"})
 
 
-def _check_cols(cols: dict, what: str, specs: tuple = _STEP_SPECS, names: frozenset = _STEP_NAMES) -> int:
+def _check_cols(cols: dict, what: str) -> int:
     """Check columns in place (each becomes its array); returns the row count."""
-    if cols.keys() != names:
+    if cols.keys() != _STEP_NAMES:
         raise ProtocolError("bad_field", f"{what}.cols has {sorted(map(str, cols))[:10]}")
     n = -1
-    for name, dstr, dtype, tail in specs:
+    for name, dstr, dtype, tail in _STEP_SPECS:
         obj = cols[name]
         if type(obj) is dict and obj.keys() == _ARRAY_KEYS and obj["d"] == dstr \
                 and type(shape := obj["s"]) is list and type(raw := obj["b"]) is bytes:
@@ -332,53 +319,15 @@ def _check_cols(cols: dict, what: str, specs: tuple = _STEP_SPECS, names: frozen
             raise ProtocolError("bad_shape", f"{what}.cols.{name}: {arr.shape[0]} rows, want {n}")
         cols[name] = arr
     # A kind the detectors do not know would make StepBatch.validate() fail downstream.
-    if n and specs is _STEP_SPECS and int(cols["kinds"].max()) > _MAX_KIND:
+    if n and int(cols["kinds"].max()) > MAX_KIND:
         raise ProtocolError("bad_field", f"{what}.cols.kinds: unknown kind {int(cols['kinds'].max())}")
     return n
-
-
-def _check_names(names: Any, what: str) -> None:
-    if type(names) is not dict:
-        raise ProtocolError("bad_field", f"{what}.new_names is not a map")
-    # Type sets and min() run in C: a 16k-rank job's first step carries ~1M names.
-    if names and ({*map(type, names)} != {int} or min(names) < 0 or {*map(type, names.values())} != {str}):
-        raise ProtocolError("bad_field", f"{what}.new_names must map int -> str")
-
-
-#: A STEPS header: per part these int64 fields (``head``), its wall time (``wall``) and the
-#: ``src`` and ``names`` lists; two arrays, not one per field (checking costs per array).
-PART_FIELDS = ("seq", "rank", "step", "token", "rows")
-_PART_SPECS = (("head", "<i8", np.dtype("<i8"), (len(PART_FIELDS),)), ("wall", "<f8", np.dtype("<f8"), ()))
-_PART_KEYS = frozenset({"head", "wall"})
-_SEQ, _ROWS = PART_FIELDS.index("seq"), PART_FIELDS.index("rows")
-
-
-def _check_pack(body: dict) -> None:
-    rows = _check_cols(body["cols"], "steps")
-    parts = body["parts"]
-    src, names = parts.pop("src", None), parts.pop("names", None)
-    count = _check_cols(parts, "steps.parts", _PART_SPECS, _PART_KEYS)
-    parts["src"], parts["names"] = src, names
-    if type(src) is not list or len(src) != count or not all(type(x) is str for x in src):
-        raise ProtocolError("bad_field", f"steps.parts.src: expected {count} strings")
-    if type(names) is not list or len(names) != count:
-        raise ProtocolError("bad_field", f"steps.parts.names: expected {count} maps")
-    for table in names:
-        if table:
-            _check_names(table, "steps.parts")
-        elif type(table) is not dict:
-            raise ProtocolError("bad_field", "steps.parts.names: a table is not a map")
-    head = parts["head"]
-    if count and (head[:, _SEQ].min() < 0 or head[:, _ROWS].min() < 0):
-        raise ProtocolError("bad_field", "steps.parts: negative seq or row count")
-    if int(head[:, _ROWS].sum()) != rows:
-        raise ProtocolError("bad_shape", f"steps: parts hold {int(head[:, _ROWS].sum())} rows, cols have {rows}")
 
 
 # --- StepBatch <-> message ---------------------------------------------------------
 
 def step_message(batch: StepBatch, src: str, seq: int) -> Message:
-    cols = {name: getattr(batch, name) for name in _STEP_COLS}
+    cols = {name: getattr(batch, name) for name in STEP_COLS}
     body = {"rank": batch.rank, "step": batch.step, "token": batch.token,
             "wall_time": float(batch.wall_time), "new_names": dict(batch.new_names), "cols": cols}
     return Message(STEP, batch.job, src, seq, body)
@@ -390,7 +339,7 @@ def step_from_message(msg: Message) -> StepBatch:
     cols = b["cols"]
     return StepBatch(job=msg.job, rank=b["rank"], step=b["step"], new_names=dict(b["new_names"]),
                      token=b.get("token", -1), wall_time=float(b.get("wall_time", 0.0)),
-                     **{name: cols[name] for name in _STEP_COLS})
+                     **{name: cols[name] for name in STEP_COLS})
 
 
 def ack_message(replay: ReplayFilter, seq: int, job: str = "", src: str = "coordinator") -> Message:

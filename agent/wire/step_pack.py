@@ -7,7 +7,8 @@ A node agent therefore packs the parts it routes to one shard in one pump into o
 ``STEPS`` frame: the parts' columns one after the other, and a header with one row per
 part: the envelope it came with (src, seq: the shard's replay filter and acks treat each
 part as the rank's own STEP), rank, step, token, wall time, new names and row count
-(columns too, so checking a frame costs a few array checks, not a loop over parts).
+(columns too, so checking a frame costs a few array checks, not a loop over parts). On
+the wire the columns and the header are each one bytes field (:mod:`rankscope.wire.columns`).
 
 An ingest shard takes the frame as a :class:`StepPack` (the parts kept whole: its aligner
 places them at once in the usual case); anything that needs a part alone gets a
@@ -21,7 +22,8 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
-from rankscope.wire.protocol import PART_FIELDS, STEP_COLUMNS, STEPS, Message
+from rankscope.wire.columns import PART_FIELDS, STEP_COLUMNS
+from rankscope.wire.protocol import STEPS, Message
 from rankscope.wire.records import PackedRows, StepBatch
 
 #: A part as the packer takes it: (src, seq, batch).

@@ -133,7 +133,7 @@ def test_agent_survives_fuzz_and_oversized_frames_and_keeps_serving(tmp_path):
 def test_hostile_dtype_strings_are_rejected_not_raised(dstr):
     env = {"v": 1, "t": "step", "job": "j", "src": "s", "seq": 0, "b": {
         "rank": 0, "step": 0, "new_names": {},
-        "cols": {c: {"d": dstr, "s": [1], "b": b"\0" * 8} for c in protocol._STEP_COLS}}}
+        "cols": {c: {"d": dstr, "s": [1], "b": b"\0" * 8} for c in protocol.STEP_COLS}}}
     dec = Decoder()
     assert dec.decode(msgpack.packb(env)) is None
     assert sum(dec.rejected.values()) == 1
@@ -147,7 +147,7 @@ def test_random_array_objects_never_raise():
     base = _valid_step()
     env = msgpack.unpackb(base, raw=False, strict_map_key=False)
     for _ in range(3000):
-        col = rng.choice(list(protocol._STEP_COLS))
+        col = rng.choice(list(protocol.STEP_COLS))
         e = {**env, "b": {**env["b"], "cols": dict(env["b"]["cols"])}}
         e["b"]["cols"][col] = {k: rng.choice(atoms) for k in rng.sample(["d", "s", "b", "x"], rng.randint(0, 4))}
         assert dec.decode(msgpack.packb(e)) is None

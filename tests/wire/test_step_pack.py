@@ -10,12 +10,13 @@ import zmq
 from rankscope.coordinator.server.frontend import Frontend, Handlers
 from rankscope.coordinator.server.ingest_bench import simulated_batch
 from rankscope.wire import protocol
+from rankscope.wire.columns import BLOB_ORDER, PART_FIELDS, STEP_COLS, STEP_COLUMNS
 from rankscope.wire.protocol import Decoder, encode
 from rankscope.wire.step_pack import pack_message, parts_from_message
 from rankscope.wire.transport import connect_dealer
 from tests.sim_agent import wait_for
 
-COLS = protocol.STEP_COLUMNS
+COLS = STEP_COLUMNS
 
 
 def _parts(n_ranks: int = 3, tensors: int = 5, step: int = 0) -> list:
@@ -46,36 +47,54 @@ def _env(parts=None) -> dict:
                            strict_map_key=False)
 
 
-def _head(env_body: dict, field: str | None = None, values: list | None = None, dstr: str = "<i8",
-          shape: list | None = None) -> None:
-    """Replace the header array, one field's column changed (or the whole array's form)."""
-    head = np.frombuffer(env_body["parts"]["head"]["b"], np.int64).reshape(-1, len(protocol.PART_FIELDS)).copy()
-    if field is not None:
-        head = head[:len(values)].copy()
-        head[:, protocol.PART_FIELDS.index(field)] = values
-    arr = head.astype(dstr)
-    env_body["parts"]["head"] = {"d": dstr, "s": shape or list(arr.shape), "b": arr.tobytes()}
+def _head(env_body: dict, field: str, values: list) -> None:
+    """Replace one header field's column (its length as given: a short one makes the
+    header's byte count wrong)."""
+    k = env_body["k"]
+    fields = np.frombuffer(env_body["head"], np.int64, k * len(PART_FIELDS)).reshape(len(PART_FIELDS), k).copy()
+    wall = env_body["head"][8 * k * len(PART_FIELDS):]
+    cols = [fields[i].tolist() for i in range(len(PART_FIELDS))]
+    cols[PART_FIELDS.index(field)] = values
+    env_body["head"] = b"".join(np.array(c, "<i8").tobytes() for c in cols) + wall
+
+
+def _col(env_body: dict, name: str, value: int) -> None:
+    """Set every row of one column in the packed columns to ``value``."""
+    at = 0
+    for c in BLOB_ORDER:
+        dt, _ = STEP_COLS[c]
+        width = np.dtype(dt).itemsize * (4 if c == "stats" else 1) * env_body["n"]
+        if c == name:
+            raw = bytearray(env_body["cols"])
+            raw[at:at + width] = np.full(width // np.dtype(dt).itemsize, value, dt).tobytes()
+            env_body["cols"] = bytes(raw)
+        at += width
 
 
 @pytest.mark.parametrize("mutate, reason", [
-    (lambda b: _head(b, "rows", [5, 2, 4]), "bad_shape"),  # parts hold fewer rows than the columns
-    (lambda b: _head(b, "rows", [5, 2]), "bad_shape"),  # a header row short (wall, src and names have 3)
+    (lambda b: _head(b, "rows", [5, 2, 4]), "bad_shape"),  # parts hold more rows than the columns
+    (lambda b: _head(b, "rows", [5, 1, 1]), "bad_shape"),  # ... or fewer
+    (lambda b: _head(b, "seq", [1, 2]), "bad_shape"),  # a header field short (src and names have 3)
     (lambda b: _head(b, "seq", [1, -1, 2]), "bad_field"),  # a negative seq
-    (lambda b: _head(b, "rows", [6, -1, 5]), "bad_field"),  # a negative row count
-    (lambda b: _head(b, dstr="<i4"), "bad_shape"),  # another dtype
-    (lambda b: _head(b, shape=[15]), "bad_shape"),  # flattened
-    (lambda b: b["parts"]["src"].__setitem__(0, 3), "bad_field"),  # a src that is not a string
-    (lambda b: b["parts"]["src"].pop(), "bad_field"),  # one src short
-    (lambda b: b["parts"].pop("names"), "bad_field"),
-    (lambda b: b["parts"]["names"].__setitem__(1, {"a": "b"}), "bad_field"),  # names keyed by a string
-    (lambda b: b["parts"]["names"].__setitem__(1, []), "bad_field"),  # a table that is not a map
-    (lambda b: b["parts"]["names"].__setitem__(1, {True: "b"}), "bad_field"),  # a bool id
-    (lambda b: b["parts"]["names"].__setitem__(1, {0: "a", -2: "b"}), "bad_field"),  # a negative id
-    (lambda b: b["parts"]["names"].__setitem__(1, {0: "a", 1: b"b"}), "bad_field"),  # a name in bytes
-    (lambda b: b["parts"].__setitem__("extra", 1), "bad_field"),  # a header field nobody knows
-    (lambda b: b["parts"].pop("wall"), "bad_field"),
-    (lambda b: b["cols"].pop("crc32"), "bad_field"),  # a column missing
-    (lambda b: b.pop("parts"), "missing_field"),
+    (lambda b: _head(b, "rows", [6, -1, 2]), "bad_field"),  # a negative row count
+    (lambda b: b.__setitem__("cols", b["cols"][:-1]), "bad_shape"),  # a byte short
+    (lambda b: b.__setitem__("cols", b["cols"] + b"\0" * 73), "bad_shape"),  # a row too many
+    (lambda b: b.__setitem__("n", b["n"] + 1), "bad_shape"),  # a row count the bytes do not hold
+    (lambda b: b.__setitem__("k", -1), "bad_field"),
+    (lambda b: b.__setitem__("n", True), "bad_field"),  # a bool for a count
+    (lambda b: b.__setitem__("cols", list(b["cols"])), "bad_field"),  # columns not in bytes
+    (lambda b: _col(b, "kinds", 250), "bad_field"),  # a kind nobody knows
+    (lambda b: b["src"].__setitem__(0, 3), "bad_field"),  # a src that is not a string
+    (lambda b: b["src"].pop(), "bad_field"),  # one src short
+    (lambda b: b.pop("names"), "missing_field"),
+    (lambda b: b["names"].__setitem__(1, {"a": "b"}), "bad_field"),  # names keyed by a string
+    (lambda b: b["names"].__setitem__(1, []), "bad_field"),  # a table that is not a map
+    (lambda b: b["names"].__setitem__(1, {True: "b"}), "bad_field"),  # a bool id
+    (lambda b: b["names"].__setitem__(1, {0: "a", -2: "b"}), "bad_field"),  # a negative id
+    (lambda b: b["names"].__setitem__(1, {0: "a", 1: b"b"}), "bad_field"),  # a name in bytes
+    (lambda b: b.__setitem__("extra", 1), "bad_field"),  # a field nobody knows
+    (lambda b: b.pop("head"), "missing_field"),
+    (lambda b: b.__setitem__("cols", {c: 0 for c in STEP_COLS}), "bad_field"),  # the per-column form of STEP
 ])
 def test_a_pack_that_is_not_quite_right_is_refused_with_its_reason(mutate, reason):
     env = _env()

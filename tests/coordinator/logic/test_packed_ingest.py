@@ -12,6 +12,7 @@ from logic_helpers import FakeClock
 from rankscope.coordinator.logic.core import CoordinatorCore
 from rankscope.coordinator.server.ingest_bench import simulated_batch
 from rankscope.wire import protocol
+from rankscope.wire.columns import STEP_COLUMNS
 from rankscope.wire.step_pack import StepPack, pack_message
 
 SLOT_ARRAYS = ("reported", "token", "present", "exec", "stats", "nan", "inf", "numel", "crc")
@@ -34,7 +35,7 @@ def _odd(b, rank: int, rng: random.Random):
         return dataclasses.replace(b, token=rank * 3)
     else:
         return b
-    arrays = {c: getattr(b, c)[idx] for c in protocol.STEP_COLUMNS}
+    arrays = {c: getattr(b, c)[idx] for c in STEP_COLUMNS}
     return dataclasses.replace(b, **arrays)
 
 
