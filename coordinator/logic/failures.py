@@ -144,8 +144,11 @@ class FailureJudge:
         if pos is not None and pos[0] > step:
             step = pos[0]  # it began that step; the steps before it died unsent
         what = cause.exception or _manner(cause)
+        after = _after_the_last_step(group, cause, step)
+        if after is not None:
+            step, what = after, f"{what}, after its last step ({after}): every other rank had finished there"
         ev: dict[str, Any] = {
-            "rule": "first to fail", "reason": cause.reason, "exit_status": cause.exit_status,
+            "rule": "first to fail", "reason": cause.reason, "after_last_step": after, "exit_status": cause.exit_status,
             "signal": _signal_name(cause.signal), "exception": cause.exception, "failed_at": cause.died_at,
             "manner": what, "followers": [], "group_newest_step": group.newest_step(),
         }
@@ -238,9 +241,12 @@ def _never_entered(group: Group, syncs: dict[int, SyncPoint], blocking: SyncPoin
     # later step: it ended the collective's step, which needs every rank, so it reached
     # the collective, whatever its last heartbeat (sent at most every few tenths of a
     # second, later on a loaded node) last said.
+    # Nor is a rank that reported the collective's step whole (its records are sent once the
+    # step is over): a rank that ran to its end and exited before its last sync point was
+    # heard had passed every collective its peers still waited in.
     began = began or {}
     return [m.rank for m in group.members if m.rank in syncs and _before(syncs[m.rank], blocking)
-            and began.get(m.rank, -1) <= blocking.step]
+            and began.get(m.rank, -1) <= blocking.step and m.last_step < blocking.step]
 
 
 def _began(group: Group, deaths: dict[int, Death]) -> dict[int, int]:
@@ -254,6 +260,16 @@ def _began(group: Group, deaths: dict[int, Death]) -> dict[int, int]:
         if steps:
             out[m.rank] = max(steps)
     return out
+
+
+def _after_the_last_step(group: Group, cause: Death, step: int) -> int | None:
+    """The step the job ended at, when ``cause`` died after it: every other rank finished
+    (ended its training normally) with no step past ``step - 1``. "The first step it did
+    not complete" would then name a step that never existed."""
+    others = [m for m in group.members if m.rank != cause.rank]
+    if step < 1 or not others or any(m.state is not RankState.FINISHED or m.last_step >= step for m in others):
+        return None
+    return step - 1
 
 
 def _completed(group: Group, d: Death, syncs: dict[int, SyncPoint]) -> int:

@@ -126,7 +126,8 @@ def failure_table(incident: dict) -> str:
         return table("failures", ["rank", "finding", "last step reported", "heartbeat step"], rows,
                      f"Ranks that stopped reporting (step {incident.get('step')} not completed)")
     coll = ev.get("collective") or {}
-    cap = f"Who failed first (step {incident.get('step')} is the first step rank {first} did not complete)"
+    cap = (f"Who failed first (after step {incident.get('step')}, its last)" if ev.get("after_last_step") is not None
+           else f"Who failed first (step {incident.get('step')} is the first step rank {first} did not complete)")
     if coll:
         cap += (f"; {coll.get('what')} #{coll.get('seq')} of step {coll.get('step')} was reached by "
                 f"rank(s) {', '.join(map(str, coll.get('entered') or [])) or '—'}, never by "

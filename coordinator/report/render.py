@@ -109,7 +109,8 @@ def verdict_line(incident: dict) -> str:
     if det == "progress" and ev.get("manner"):
         followers = ev.get("followers") or []
         tail = f"; {len(followers)} rank(s) went down after it" if followers else ""
-        return f"Rank {rank} failed first, in step {step}: {ev['manner']}{tail}"
+        where = "" if ev.get("after_last_step") is not None else f", in step {step}"
+        return f"Rank {rank} failed first{where}: {ev['manner']}{tail}"
     if det == "progress":
         return f"Rank {rank} stopped reporting: step {step} never arrived ({ev.get('rule', '')})"
     if det == "nan_origin":
@@ -129,6 +130,9 @@ def verdict_line(incident: dict) -> str:
 def _verdict_html(incident: dict) -> str:
     rank, step = esc(incident.get("first_diverging_rank")), esc(incident.get("step"))
     line = esc(verdict_line(incident))
+    hint = (incident.get("evidence") or {}).get("hint")
+    if hint:
+        line += f'<br><span id="hint">{esc(hint)}</span>'
     return (f'{line}<span hidden> rank <strong id="first-rank">{rank}</strong> step '
             f'<strong id="first-step">{step}</strong></span>')
 

@@ -285,3 +285,30 @@ def test_a_dead_rank_that_never_began_the_collectives_step_is_still_named_over_e
     [v] = settle(core, clock)
     assert (v.rank, v.step) == (1, 5)
     assert v.evidence["collective"]["never_entered"] == [1]
+
+
+def test_a_rank_that_raises_after_the_last_step_is_named_not_a_peer_that_finished_first():
+    # GRAPH job, 6 steps: ranks 0, 2, 3 ended normally; rank 0 exited before its sync point
+    # of step 5's graph was heard (its last said step 4). Rank 1 then raised in its own
+    # post-training code. Rank 0 did not hang anyone: it reported step 5 whole.
+    core, clock, _ = make()
+    for r in (1, 2, 3):
+        core.on_heartbeat("j", r, 5, "running", sync(5, IN, T0 - 0.3, what="graph"))
+    core.on_heartbeat("j", 0, 5, "running", sync(4, IN, T0 - 1.2, what="graph"))
+    for r in (0, 2, 3):
+        core.on_rank_finished("j", r, 5)
+    lost(core, 1, T0, status=1, exception="RuntimeError('evaluation failed')", last_step=5)
+    [v] = [x for x in settle(core, clock) if x.detector == "progress"]
+    assert (v.rank, v.step, v.ties) == (1, 5, [])
+    ev = v.evidence
+    assert ev["after_last_step"] == 5 and ev["collective"]["never_entered"] == []
+    assert ev["manner"] == "RuntimeError('evaluation failed'), after its last step (5): every other rank had finished there"
+
+
+def test_a_rank_dying_while_its_peers_go_on_is_named_at_the_step_it_did_not_complete():
+    core, clock, _ = make()
+    for r in (0, 2):
+        core.on_rank_finished("j", r, 5)  # rank 3 still runs (its last steps, a save)
+    lost(core, 1, T0, status=1, exception="RuntimeError('x')", last_step=5)
+    [v] = [x for x in settle(core, clock) if x.detector == "progress"]
+    assert (v.rank, v.step) == (1, 6) and v.evidence["after_last_step"] is None
