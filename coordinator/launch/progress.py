@@ -30,13 +30,18 @@ class ProgressPrinter:
             self._ranks = len(attached)
             ids = ", ".join(map(str, attached))
             self.say(f"{self._ranks} rank(s) attached: {ids}" if attached else "waiting for ranks to attach")
+        new: dict[str, dict] = {}
         for r, info in sorted(ranks.items(), key=lambda kv: int(kv[0])):
             w = info.get("watch")
             if isinstance(w, dict):
                 self.watch[r] = w
                 if r not in self._watch_said:
                     self._watch_said.add(r)
-                    self.say(watch_text(r, w))
+                    new[r] = w
+        # Ranks that said alike at once share a line: under msrun each rank's own line is
+        # echoed from its log too, and a thousand ranks must not print a thousand more.
+        for line in watch_summary(new):
+            self.say(line)
         judged = status.get("last_judged_step")
         if judged is not None and judged >= 0 and judged != self._judged \
                 and (judged - self._judged >= self.every_steps or self._judged < 0):
@@ -51,18 +56,19 @@ class ProgressPrinter:
                     self.say(f"EXPORT on an operator's request at step {shown(inc.get('step'))} (no divergence named); "
                              f"state {shown(inc.get('state'))}")
                     continue
-                self.say(f"DIVERGENCE: {shown(inc.get('detector'))} names rank "
-                         f"{shown(inc.get('first_diverging_rank'))} at step {shown(inc.get('step'))} "
+                split = no_majority(inc)
+                who = (f"{rank_span(split)} hold different replicas, with no majority," if split
+                       else f"names rank {shown(inc.get('first_diverging_rank'))}")
+                self.say(f"DIVERGENCE: {shown(inc.get('detector'))} {who} at step {shown(inc.get('step'))} "
                          f"({what_of(inc)}); state {shown(inc.get('state'))}")
+                hint = (inc.get("evidence") or {}).get("hint")
+                if hint:
+                    self.say(f"  hint: {hint}")
 
 
 def shown(value: Any) -> str:
     """A value for a terminal: "—" where there is none, never "None"."""
     return "—" if value is None or value == "" else str(value)
-
-
-def watch_text(rank: Any, w: dict[str, Any]) -> str:
-    return watch_line(rank, str(w.get("mode", "?")), str(w.get("how", "?")), str(w.get("reason") or ""))
 
 
 def watch_summary(watch: dict[str, dict], ranks: Any = ()) -> list[str]:
@@ -81,6 +87,22 @@ def watch_summary(watch: dict[str, dict], ranks: Any = ()) -> list[str]:
     return lines
 
 
+def _failed_step_note(ev: dict[str, Any]) -> str:
+    if ev.get("after_last_step") is not None:
+        return "  (its last step: it failed after completing it)"
+    return "  (the first step it did not complete)"
+
+
+def no_majority(incident: dict[str, Any]) -> list[int]:
+    """The ranks of a replica split that no value holds a majority of (e.g. ranks
+    initialised from different seeds), where naming one of them "first" means nothing;
+    [] for any other finding."""
+    if incident.get("detector") != "replica" or (incident.get("evidence") or {}).get("majority") is not False:
+        return []
+    return sorted(int(r) for r in [incident.get("first_diverging_rank"), *(incident.get("ties") or [])]
+                  if r is not None)
+
+
 def what_of(incident: dict[str, Any]) -> str:
     """The tensor a value finding names, or how a failed rank failed."""
     if incident.get("tensor"):
@@ -96,10 +118,8 @@ def format_verdict(incident: dict[str, Any]) -> str:
     ev = incident.get("evidence") or {}
     failed = incident.get("detector") == "progress" and "failed_at" in ev
     head = f"rank {shown(incident.get('first_diverging_rank'))} {'failed' if failed else 'diverged'} first{tie_note}"
-    if incident.get("detector") == "replica" and ev.get("majority") is False:
-        # Replicas split with no majority (e.g. ranks initialised from different seeds):
-        # which of them is "first" means nothing.
-        split = sorted(int(r) for r in [incident.get("first_diverging_rank"), *ties] if r is not None)
+    split = no_majority(incident)
+    if split:
         head = f"{rank_span(split)} hold different replicas, with no majority: no rank can be named first"
     if incident.get("detector") == "manual":
         head = f"no divergence named: bundles exported on an operator's request at step {shown(incident.get('step'))}"
@@ -107,7 +127,7 @@ def format_verdict(incident: dict[str, Any]) -> str:
         "",
         f"rankscope verdict: {head}",
         f"  detector : {shown(incident.get('detector'))}",
-        f"  step     : {shown(incident.get('step'))}" + ("  (the first step it did not complete)" if failed else ""),
+        f"  step     : {shown(incident.get('step'))}" + (_failed_step_note(ev) if failed else ""),
     ]
     if incident.get("token") is not None:
         lines.append(f"  token    : {incident['token']}  (forward call of the root model within the step)")
@@ -125,6 +145,8 @@ def format_verdict(incident: dict[str, Any]) -> str:
     rule = ev.get("rule")
     if rule:
         lines.append(f"  rule     : {rule}")
+    if ev.get("hint"):
+        lines.append(f"  hint     : {ev['hint']}")
     lines += [f"  also     : {_later(v)}" for v in _other_findings(incident)]
     if incident.get("dir"):
         lines.append(f"  incident : {incident['dir']}")

@@ -21,7 +21,13 @@ from rankscope.coordinator.logic.detectors.common import (
     stats_dict,
 )
 from rankscope.coordinator.logic.verdict import Verdict
-from rankscope.wire.records import NO_CRC, REPLICATED_KINDS
+from rankscope.wire.records import NO_CRC, REPLICATED_KINDS, Kind
+
+#: Weights that differ at the first step watched were never the same: training cannot have
+#: pulled them apart yet, and MindSpore's data parallel does not make them equal by itself.
+START_HINT = ("the weights already differ at the first step watched, so the ranks started from different "
+              "weights: give every rank the same seed (mindspore.set_seed) before building the model, load "
+              "one checkpoint everywhere, or set_auto_parallel_context(parameter_broadcast=True)")
 
 _REPL = frozenset(int(k) for k in REPLICATED_KINDS)
 _ABSENT = np.uint64(0xFFFFFFFFFFFFFFFF)
@@ -55,6 +61,7 @@ class ReplicaDetector:
         self.kinds = kinds
 
     def judge(self, view: StepView, state: dict) -> list[Verdict]:
+        first_step = state.setdefault("first_step", view.step)
         cols = np.flatnonzero(np.ones_like(view.kind, bool) if view.replicas_mode else kind_mask(view.kind, self.kinds))
         if cols.shape[0] == 0 or view.ranks.shape[0] < 2:
             return []
@@ -98,4 +105,6 @@ class ReplicaDetector:
                               for r in list(dict.fromkeys([row, *deviants, *np.flatnonzero(pres[:, j]).tolist()]))
                               [:MAX_EVIDENCE_RANKS]},
         }
+        if view.step == first_step and int(view.kind[col]) == int(Kind.PARAM):
+            evidence["hint"] = START_HINT
         return [make_verdict(self.name, view, row, col, ties, evidence)]

@@ -97,6 +97,19 @@ def test_progress_prints_only_changes():
     assert len(lines) == 3 and "rank 1 at step 3" in lines[2]
 
 
+def test_ranks_watched_alike_share_one_watch_line_and_a_late_rank_gets_its_own():
+    lines: list[str] = []
+    pp = ProgressPrinter(lines.append)
+    graph = {"mode": "GRAPH", "how": "the kernel dump", "reason": ""}
+    status = {"ranks": {str(r): {"step": 0, "watch": graph} for r in range(4)}, "incidents": []}
+    pp.update(status)
+    pp.update(status)
+    assert [x for x in lines if "watched" in x] == ["ranks 0-3: GRAPH mode, watched through the kernel dump"]
+    status["ranks"]["4"] = {"step": 0, "watch": {"mode": "PYNATIVE", "how": "hooks", "reason": ""}}
+    pp.update(status)
+    assert lines[-1] == "rank 4: PYNATIVE mode, watched through hooks"
+
+
 def test_verdict_names_rank_step_tensor_and_report():
     text = format_verdict({"first_diverging_rank": 2, "detector": "nan_origin", "step": 4,
                            "tensor": "Cell.fc1.Dense.forward.0", "dir": "/x/incidents/abc",
@@ -182,6 +195,20 @@ def test_replicas_split_with_no_majority_name_no_first_rank():
     one = format_verdict({"first_diverging_rank": 2, "detector": "replica", "step": 1, "ties": [],
                           "evidence": {"majority": True}})
     assert "rankscope verdict: rank 2 diverged first" in one
+    hinted = format_verdict({"first_diverging_rank": 0, "detector": "replica", "step": 0, "ties": [1],
+                             "evidence": {"majority": False, "hint": "give every rank the same seed"}})
+    assert "  hint     : give every rank the same seed" in hinted.splitlines()
+
+
+def test_the_live_divergence_line_names_no_first_rank_of_a_split_without_majority():
+    said: list[str] = []
+    p = ProgressPrinter(said.append)
+    inc = {"incident_id": "i1", "first_diverging_rank": 0, "detector": "replica", "step": 0, "ties": [1, 2, 3],
+           "tensor": "Sentinel.param.0.weight", "state": "pausing",
+           "evidence": {"majority": False, "hint": "give every rank the same seed"}}
+    p.update({"ranks": {}, "incidents": [inc]})
+    assert said[1:] == ["DIVERGENCE: replica ranks 0-3 hold different replicas, with no majority, at step 0 "
+                    "(Sentinel.param.0.weight); state pausing", "  hint: give every rank the same seed"]
 
 
 def test_an_operator_export_is_not_called_a_divergence_of_rank_minus_one():

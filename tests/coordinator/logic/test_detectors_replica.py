@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import numpy as np
-from logic_helpers import FakeClock, feed_step, view_of
+from logic_helpers import FakeClock, StepJudge, feed_step, view_of
 
 from rankscope.config.cluster import parse_cluster
 from rankscope.coordinator.logic.core import CoordinatorCore
@@ -128,3 +128,25 @@ def test_record_token_is_the_first_token_plus_the_call_index() -> None:
     assert record_token(3, "Cell.fc.Dense.backward.2.input.0") == 5
     assert record_token(-1, "Cell.fc.Dense.forward.2.output.0") is None  # not inference capture
     assert record_token(2, "Sentinel.loss") == 2
+
+
+def test_weights_that_differ_at_the_first_step_watched_say_how_ranks_start_alike() -> None:
+    sim = SyntheticTraining(ranks=4, tensors=32, seed=6)
+    p = sim.column("Sentinel.param.layer3.")
+    det, state, judge = ReplicaDetector(), {}, StepJudge()
+    first = sim.batches(0)
+    for i, b in enumerate(first):
+        b.crc32[p] += i  # every rank initialised differently
+    [v] = det.judge(judge.view(first), state)
+    assert v.evidence["majority"] is False and "set_seed" in v.evidence["hint"]
+    # A later split is training's doing, not the start's: no such hint.
+    later = sim.batches(1)
+    later[2].crc32[p] += 1
+    [v1] = det.judge(judge.view(later), state)
+    assert (v1.rank, v1.step) == (2, 1) and "hint" not in v1.evidence
+    # Nor for a reduced gradient at the first step: weights were not what differed.
+    g = sim.column("Sentinel.grad_reduced.layer1.")
+    fresh = SyntheticTraining(ranks=4, tensors=32, seed=6).batches(0)
+    fresh[1].crc32[g] += 1
+    [vg] = ReplicaDetector().judge(view_of(fresh), {})
+    assert vg.kind == "grad_reduced" and "hint" not in vg.evidence

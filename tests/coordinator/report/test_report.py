@@ -219,3 +219,14 @@ def test_a_replica_split_with_no_majority_names_no_rank_in_the_report_headline()
                                    "4 ranks compared: no rank can be named first")
     one = dict(split, first_diverging_rank=3, evidence={"majority": True, "agreeing_ranks": 3, "compared_ranks": 4})
     assert verdict_line(one).startswith("Rank 3's replica differs at step 0: 3 of 4 ranks agree")
+
+
+def test_the_report_shows_a_findings_hint_under_its_verdict(tmp_path):
+    d = tmp_path / "inc"
+    d.mkdir()
+    (d / "incident.json").write_text(json.dumps({
+        "incident_id": "h", "detector": "replica", "first_diverging_rank": 0, "ties": [1], "step": 0,
+        "tensor": "Sentinel.param.w", "evidence": {"majority": False, "agreeing_ranks": 1, "compared_ranks": 2,
+                                                   "hint": "give every rank the same seed <mindspore.set_seed>"}}))
+    page = render_report(d).read_text()
+    assert '<span id="hint">give every rank the same seed &lt;mindspore.set_seed&gt;</span>' in page
