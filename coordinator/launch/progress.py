@@ -181,9 +181,12 @@ def _follower(f: dict[str, Any]) -> str:
 def _other_findings(incident: dict[str, Any], most: int = 3) -> list[dict[str, Any]]:
     """Later verdicts filed under this incident that name another rank or detector."""
     seen = {(incident.get("detector"), incident.get("first_diverging_rank"))}
+    split = bool(no_majority(incident))
     out = []
     for v in incident.get("related_verdicts") or []:
         key = (v.get("detector"), v.get("rank"))
+        if split and v.get("detector") == "replica" and v.get("tensor") == incident.get("tensor"):
+            continue  # the same split seen again at a later step, naming another of its ranks
         if key not in seen and len(out) < most:
             seen.add(key)
             out.append(v)

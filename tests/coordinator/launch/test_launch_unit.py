@@ -198,6 +198,12 @@ def test_replicas_split_with_no_majority_name_no_first_rank():
     hinted = format_verdict({"first_diverging_rank": 0, "detector": "replica", "step": 0, "ties": [1],
                              "evidence": {"majority": False, "hint": "give every rank the same seed"}})
     assert "  hint     : give every rank the same seed" in hinted.splitlines()
+    again = format_verdict({"first_diverging_rank": 0, "detector": "replica", "step": 0, "ties": [1],
+                            "tensor": "Sentinel.param.w", "evidence": {"majority": False},
+                            "related_verdicts": [{"detector": "replica", "rank": 1, "step": 1,
+                                                  "tensor": "Sentinel.param.w"},
+                                                 {"detector": "nan_origin", "rank": 1, "step": 2, "tensor": "x"}]})
+    assert [x for x in again.splitlines() if "also" in x] == ["  also     : nan_origin names rank 1 at step 2 (x)"]
 
 
 def test_the_live_divergence_line_names_no_first_rank_of_a_split_without_majority():
