@@ -276,6 +276,10 @@ class CoordinatorCore:
         """Perform a WRITE_INCIDENT action: write incident.json, then move on per policy."""
         return self.book.write(incident_id)
 
+    def rewrite_incident(self, incident_id: str) -> Path | None:
+        """incident.json again, with the incident's state now; None if it was never written."""
+        return self.book.rewrite(incident_id)
+
     def incident_event(self, incident_id: str, event: IncidentEvent | str) -> list[Action]:
         """Drive an incident from outside (e.g. the service's own write); returns its actions."""
         return self.book.fire(self.book.by_id[incident_id], IncidentEvent(event))

@@ -208,6 +208,12 @@ class IncidentBook:
         self.fire(inc, IncidentEvent.WRITE_DONE)
         return path
 
+    def rewrite(self, incident_id: str) -> Path | None:
+        inc = self.by_id.get(incident_id)
+        if inc is None or inc.incident_json is None or self.export_dir is None:
+            return None
+        return write_incident(self.export_dir, inc, rank_map=self.rank_maps.get(inc.job))
+
     def operator(self, command: str, job: str, n: int | None = None) -> list[Action]:
         inc = self.active(job)
         if command in ("resume", "terminate") and inc is not None:

@@ -79,6 +79,8 @@ class ActionPerformer:
             if kind == ActionKind.TERMINATE:
                 self.terminated = True
             self.send_control(_CONTROL[kind], job=job, incident=iid, args=dict(action.detail))
+            if kind in (ActionKind.RESUME, ActionKind.TERMINATE) and iid:
+                self._refresh(iid)
         elif kind == ActionKind.EXPORT:
             # The transfer id is the incident id: chunks find their incident by it.
             self.assemblers.setdefault(iid, BundleAssembler(incident_dir(self.export_dir, iid)))
@@ -94,6 +96,14 @@ class ActionPerformer:
             history = history_from_series(series, self._around(verdict))
             rank_map = list(self.core.rank_maps.get(job, []))
             self._submit(_write_report, path.parent, history, rank_map)
+
+    def _refresh(self, iid: str) -> None:
+        """The incident ended (resumed, terminated) after its files were written: write
+        incident.json again and render the report again, or both would still say it holds
+        the job paused."""
+        path = self.core.rewrite_incident(iid)
+        if path is not None:
+            self._submit(_render_again, path.parent)
 
     def _around(self, verdict: dict) -> dict:
         """The report's proof, taken while the coordinator (or its ingest shards: ``proof``)
@@ -149,6 +159,14 @@ def bundle_complete(rank_dir: Path) -> bool:
         if all((manifest.parent / f.get("path", "")).is_file() for f in doc.get("files", [])):
             return True
     return False
+
+
+def _render_again(d: Path) -> None:
+    try:
+        from rankscope.coordinator.report.render import render_report
+        render_report(d)  # with the history.json written beside it the first time
+    except Exception:
+        log.exception("rendering report.html again in %s failed", d)
 
 
 def _write_report(d: Path, history: dict | None, rank_map: list) -> None:
