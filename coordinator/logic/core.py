@@ -232,7 +232,8 @@ class CoordinatorCore:
             except Exception:  # one broken detector must not blind the others
                 log.exception("detector %s failed on %s step %d", det.name, view.group, view.step)
         if view.missing and report_missing and self.settings.detectors.progress.enabled:
-            found += self.progress.missing(view, grp.members, self.settings.deadline_s)
+            hung = self.failures.behind(grp, view.missing) if grp.job not in self.terminated_jobs else None
+            found += [hung] if hung is not None else self.progress.missing(view, grp.members, self.settings.deadline_s)
             self._stall(grp.job, view.missing)
         self.series.add(view)
         self.coverage.judged(view.job, view.step, view.ranks[view.reported].tolist())

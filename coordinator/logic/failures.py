@@ -185,6 +185,24 @@ class FailureJudge:
         self._hung.add((group.label, blocking.key()))
         return v
 
+    def behind(self, group: Group, missing: list[int]) -> Verdict | None:
+        """At a step's deadline, the ranks missing from it, when they are stuck before a
+        collective their peers wait in: the hang rule, the deadline being the wait. A
+        compiled step's records leave when the next step begins, so a rank stuck between
+        steps is missing from the step it completed; the collective names the step it did
+        not reach."""
+        if not group.synced:
+            return None
+        syncs = {m.rank: m.sync for m in group.members if m.sync is not None and m.state in _WAITED_ON}
+        blocking = _blocking(syncs)
+        if blocking is None or (group.label, blocking.key()) in self._hung:
+            return None
+        absent = _never_entered(group, syncs, blocking, _began(group, {}))
+        hung = [m for m in group.members if m.rank in absent and m.state in _WAITED_ON]
+        if not hung or not {m.rank for m in hung} <= set(missing):
+            return None
+        return self._hang_verdict(group, hung, syncs, blocking, [])
+
     def _hang(self, group: Group, wall_now: float) -> Verdict | None:
         """With nobody dead: live ranks inside one collective for ``hang_timeout_s`` while
         a peer never entered it."""
