@@ -16,8 +16,10 @@ coordinator, which then moves the cut for everybody.
 from __future__ import annotations
 
 import enum
+import io
+import sys
 import threading
-from typing import Callable
+from typing import Any, Callable
 
 
 class GateState(str, enum.Enum):
@@ -125,6 +127,7 @@ class StepGate:
         if self.exit_on_terminate:
             import os
             os._exit(self.exit_code)  # noqa: SLF001 - the job asked to die without cleanup
+        _say_uncaught_termination_in_one_line()
         raise RankscopeTerminated(self.incident, self.reason)
 
     def _notify(self, state: GateState, step: int) -> None:
@@ -133,3 +136,29 @@ class StepGate:
                 self._on_state(state, step)
             except Exception:  # a status callback must never break training
                 pass
+
+
+def _say_uncaught_termination_in_one_line() -> None:
+    """The script's code gets the exception (its ``finally`` and ``except`` run), but one
+    that nobody catches ends the rank with a one-line reason, not a traceback through the
+    probe that reads like a crash of the job (every rank prints one at once)."""
+    previous = sys.excepthook
+    if getattr(previous, "rankscope_quiet", False):
+        return
+
+    def hook(kind: Any, value: Any, tb: Any) -> None:
+        if not isinstance(value, RankscopeTerminated):
+            previous(kind, value, tb)
+            return
+        # The hooks before this one still run (the crash recorder keeps its bundle); only
+        # the traceback they would print is dropped.
+        real, sys.stderr = sys.stderr, io.StringIO()
+        try:
+            previous(kind, value, tb)
+        finally:
+            sys.stderr = real
+        real.write(f"[rankscope] {value}\n")
+        real.flush()
+
+    hook.rankscope_quiet = True  # type: ignore[attr-defined]
+    sys.excepthook = hook

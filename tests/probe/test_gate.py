@@ -68,3 +68,34 @@ def test_running_gate_costs_nothing_and_counts_steps_begun() -> None:
     for s in range(3):
         gate.at_step_boundary(s)
     assert gate.started == 3 and gate.waiting_at is None
+
+
+_UNCAUGHT = """
+import sys
+from rankscope.probe.gate import StepGate
+prev_seen = []
+sys.excepthook = lambda *a: prev_seen.append(a[0].__name__) or sys.__excepthook__(*a)
+g = StepGate()
+g.terminate("inc-7", "replica at step 3")
+try:
+    g.at_step_boundary(3)
+finally:
+    print("cleanup ran", flush=True)
+"""
+
+
+def test_a_termination_nobody_catches_ends_the_rank_with_one_line_not_a_traceback(tmp_path):
+    import subprocess
+    import sys
+    script = tmp_path / "train.py"
+    script.write_text(_UNCAUGHT)
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1 and "cleanup ran" in out.stdout
+    assert out.stderr.strip().splitlines() == [
+        "[rankscope] rankscope terminated this rank on incident inc-7: replica at step 3"]
+    # Any other uncaught error still prints its traceback through the script's own hook.
+    script.write_text("import sys\nfrom rankscope.probe.gate import StepGate\ng = StepGate()\n"
+                      "g.terminate(None)\ntry:\n    g.at_step_boundary(0)\nexcept Exception:\n    pass\n"
+                      "raise ValueError('bad batch')\n")
+    other = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    assert other.returncode == 1 and "Traceback" in other.stderr and "ValueError: bad batch" in other.stderr
