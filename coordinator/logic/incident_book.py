@@ -72,7 +72,8 @@ class IncidentBook:
                 self.store.save(inc)
             return inc
         wall = self.wall_clock()
-        base = f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime(wall))}-{v.detector}-r{v.rank}-s{v.step}"
+        who = f"-r{v.rank}" if v.rank >= 0 else ""  # an operator's export names no rank
+        base = f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime(wall))}-{v.detector}{who}-s{v.step}"
         iid, n = base, 1
         while iid in self.by_id:
             n += 1

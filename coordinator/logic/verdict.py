@@ -44,6 +44,8 @@ class Verdict:
         return (self.step, order, -1 if self.exec_index is None else self.exec_index, self.rank)
 
     def summary(self) -> str:
+        if self.detector == "manual":
+            return f"manual: bundles exported on an operator's request at step {self.step} (no divergence named)"
         where = f" tensor {self.tensor}" if self.tensor else ""
         ties = f" (tied with ranks {self.ties})" if self.ties else ""
         return f"{self.detector}: rank {self.rank} step {self.step}{where}{ties}"

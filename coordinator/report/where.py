@@ -189,6 +189,8 @@ def stacks_section(incident: dict, incident_dir: Path, link) -> str:
                     f" {link(found[0], 'thread_stacks.txt')}<ol>{shown}</ol></li>")
     if not rows:
         return muted("No tensor named and no thread stacks arrived: see the failure table.", "where")
-    return ('<div id="where"><p>No tensor is named for a crash or hang. Where each rank\'s main thread stood '
+    why = ("The bundles were exported on an operator's request: no tensor is named." if incident.get("detector") == "manual"
+           else "No tensor is named for a crash or hang.")
+    return (f'<div id="where"><p>{why} Where each rank\'s main thread stood '
             "when the incident opened (your frames, innermost first):</p>"
             f'<ul id="rank-stacks">{"".join(rows)}</ul></div>')

@@ -92,6 +92,8 @@ class ActionPerformer:
             inc = next((i for i in self.core.incidents() if i["incident_id"] == iid), None)
             verdict = (inc or {}).get("verdict", {})
             group = verdict.get("group")
+            if group and group.endswith("/*"):  # an operator's export names the job: its (first) group's curves
+                group = next((g for g in self.core.series.to_dict() if g.startswith(group[:-1])), None)
             series = self.core.series.to_dict(group).get(group) if group else None
             history = history_from_series(series, self._around(verdict))
             rank_map = list(self.core.rank_maps.get(job, []))

@@ -60,3 +60,38 @@ def test_a_terminate_after_the_incident_was_written_says_terminated(tmp_path):
     perf.close()
     assert json.loads((d / "incident.json").read_text())["state"] == "terminated"
     assert "the job was terminated" in (d / "report.html").read_text()
+
+
+def test_an_operators_export_names_no_rank_and_keeps_the_jobs_curves(tmp_path):
+    clock, wall = FakeClock(100.0), FakeClock(1.8e9)
+    core = CoordinatorCore({"on_divergence": "pause", "pause_timeout_s": 1.0, "export_timeout_s": 1.0},
+                           clock=clock, export_dir=tmp_path, wall_clock=wall)
+    perf = ActionPerformer(core, tmp_path, send_control=lambda command, **kw: 1)
+    sim = SyntheticTraining(ranks=4, tensors=16, seed=3)
+    for r in range(4):
+        core.on_register(sim.job, r, {"world_size": 4})
+
+    def run(n: int) -> None:
+        for _ in range(n):
+            clock.advance(0.5)
+            wall.advance(0.5)
+            core.tick()
+            perf.run()
+
+    for step in range(4):
+        for b in sim.batches(step):
+            core.on_step(b)
+        run(1)
+    core.operator("pause")
+    core.operator("export")
+    run(10)
+    perf.flush()
+    [inc] = core.incidents()
+    assert inc["incident_id"].endswith("-manual-s3") and "-r-1" not in inc["incident_id"]
+    d = tmp_path / "incidents" / inc["incident_id"]
+    doc = json.loads((d / "incident.json").read_text())
+    assert doc["summary"] == "manual: bundles exported on an operator's request at step 3 (no divergence named)"
+    history = json.loads((d / "history.json").read_text())
+    assert history["steps"] == [0, 1, 2, 3] and len(history["ranks"]) == 4
+    assert "No step history was recorded" not in (d / "report.html").read_text()
+    perf.close()
