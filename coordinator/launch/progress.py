@@ -47,7 +47,7 @@ class ProgressPrinter:
                 and (judged - self._judged >= self.every_steps or self._judged < 0):
             self._judged = judged
             steps = ", ".join(f"{r}:{shown(info.get('step'))}" for r, info in sorted(ranks.items(), key=lambda kv: int(kv[0])))
-            self.say(f"step {judged} judged across all ranks (rank:step {steps})")
+            self.say(f"step {judged} judged across all ranks (each rank's newest step {steps})")
         for inc in status.get("incidents") or []:
             iid = inc.get("incident_id")
             if iid and iid not in self._incidents:
