@@ -191,34 +191,31 @@ class FailureJudge:
         compiled step's records leave when the next step begins, so a rank stuck between
         steps is missing from the step it completed; the collective names the step it did
         not reach."""
-        if not group.synced:
+        stuck = self._stuck(group)
+        if stuck is None or not {m.rank for m in stuck[2]} <= set(missing):
             return None
-        syncs = {m.rank: m.sync for m in group.members if m.sync is not None and m.state in _WAITED_ON}
-        blocking = _blocking(syncs)
-        if blocking is None or (group.label, blocking.key()) in self._hung:
-            return None
-        absent = _never_entered(group, syncs, blocking, _began(group, {}))
-        hung = [m for m in group.members if m.rank in absent and m.state in _WAITED_ON]
-        if not hung or not {m.rank for m in hung} <= set(missing):
-            return None
-        return self._hang_verdict(group, hung, syncs, blocking, [])
+        return self._hang_verdict(group, stuck[2], stuck[1], stuck[0], [])
 
     def _hang(self, group: Group, wall_now: float) -> Verdict | None:
         """With nobody dead: live ranks inside one collective for ``hang_timeout_s`` while
         a peer never entered it."""
+        stuck = self._stuck(group)
+        if stuck is None or wall_now - stuck[0].at < self.hang_timeout_s:
+            return None
+        return self._hang_verdict(group, stuck[2], stuck[1], stuck[0], [])
+
+    def _stuck(self, group: Group) -> tuple[SyncPoint, dict[int, SyncPoint], list[RankRecord]] | None:
+        """The newest collective some live ranks wait in, not yet named, and the live ranks
+        that never reached it: (collective, sync points, those ranks)."""
         if not group.synced:
             return None
         syncs = {m.rank: m.sync for m in group.members if m.sync is not None and m.state in _WAITED_ON}
         blocking = _blocking(syncs)
         if blocking is None or (group.label, blocking.key()) in self._hung:
             return None
-        if wall_now - blocking.at < self.hang_timeout_s:
-            return None
         absent = _never_entered(group, syncs, blocking, _began(group, {}))
         hung = [m for m in group.members if m.rank in absent and m.state in _WAITED_ON]
-        if not hung:
-            return None
-        return self._hang_verdict(group, hung, syncs, blocking, [])
+        return (blocking, syncs, hung) if hung else None
 
 
 # --- helpers ------------------------------------------------------------------------------

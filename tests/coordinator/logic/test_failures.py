@@ -7,6 +7,7 @@ import signal
 from logic_helpers import FakeClock
 
 from rankscope.coordinator.logic.core import CoordinatorCore
+from rankscope.coordinator.logic.synthetic import SyntheticTraining
 from rankscope.wire.sync import IN, OUT, SyncPoint
 
 T0 = 1.7e9  # wall clock of the first failure
@@ -314,19 +315,23 @@ def test_a_rank_dying_while_its_peers_go_on_is_named_at_the_step_it_did_not_comp
     assert (v.rank, v.step) == (1, 6) and v.evidence["after_last_step"] is None
 
 
+def _steps_without(core, clock, steps: int, rank: int) -> None:
+    """Every rank's steps 0..steps-1, but ``rank``'s last one never arrives."""
+    sim = SyntheticTraining(ranks=4, tensors=8, seed=1, job="j")
+    for step in range(steps):
+        for b in sim.batches(step):
+            if not (step == steps - 1 and b.rank == rank):
+                core.on_step(b)
+        clock.advance(0.5)
+        core.tick()
+
+
 def test_a_rank_stuck_between_compiled_steps_is_named_at_the_step_it_never_reached():
     # GRAPH, zero-code: a step's records leave when the next step begins. Rank 2 left step
     # 3's graph, then slept in its data loading; the others wait in step 4's graph. At
     # step 3's deadline rank 2 is missing from step 3, but the step it did not reach is 4.
-    from rankscope.coordinator.logic.synthetic import SyntheticTraining
     core, clock, _ = make(deadline_s=5.0)
-    sim = SyntheticTraining(ranks=4, tensors=8, seed=1, job="j")
-    for step in range(4):
-        for b in sim.batches(step):
-            if not (step == 3 and b.rank == 2):
-                core.on_step(b)
-        clock.advance(0.5)
-        core.tick()
+    _steps_without(core, clock, 4, rank=2)
     for r in (0, 1, 3):
         core.on_heartbeat("j", r, 3, "running", sync(4, IN, T0 - 4, what="graph"))
     core.on_heartbeat("j", 2, 2, "running", sync(3, OUT, T0 - 4.5, what="graph"))
@@ -339,13 +344,8 @@ def test_a_rank_stuck_between_compiled_steps_is_named_at_the_step_it_never_reach
 
 
 def test_a_rank_missing_a_step_with_no_collective_to_explain_it_is_named_as_before():
-    from rankscope.coordinator.logic.synthetic import SyntheticTraining
     core, clock, _ = make(deadline_s=5.0)
-    sim = SyntheticTraining(ranks=4, tensors=8, seed=1, job="j")
-    for step in range(2):
-        for b in sim.batches(step):
-            if not (step == 1 and b.rank == 3):
-                core.on_step(b)
+    _steps_without(core, clock, 2, rank=3)
     clock.advance(6.0)
     [v] = [x for x in core.tick() if x.detector == "progress"]
     assert (v.rank, v.step) == (3, 1) and v.evidence["rule"] == "missing step 1 after 5 s"
