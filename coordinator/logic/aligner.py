@@ -22,7 +22,7 @@ import numpy as np
 from rankscope.config.cluster import ClusterSettings
 from rankscope.coordinator.logic.columns import MAX_LAYOUTS, UNKNOWN, KeyTable, RankNames
 from rankscope.coordinator.logic.packed_ingest import Run, ingest_whole, write_one
-from rankscope.coordinator.logic.slots import NO_EXEC, Layout, StepSlot, StepView  # noqa: F401 (NO_EXEC: home was here)
+from rankscope.coordinator.logic.slots import NO_EXEC, Layout, SlotPool, StepSlot, StepView  # noqa: F401 (NO_EXEC: home was here)
 from rankscope.wire.records import StepBatch
 from rankscope.wire.step_pack import StepPack
 from rankscope.wire.sync import SyncPoint
@@ -127,6 +127,7 @@ class StepAligner:
         self.groups: dict[tuple[str, int], Group] = {}
         self.ranks: dict[tuple[str, int], RankRecord] = {}
         self._world: dict[str, int] = {}
+        self.pool = SlotPool()
         self.counters = {"records": 0, "batches": 0, "late_records": 0, "unknown_name_records": 0,
                          "steps_judged": 0, "steps_by_deadline": 0, "steps_forced": 0, "unranked_batches": 0,
                          "bad_names": 0}
@@ -252,7 +253,7 @@ class StepAligner:
             return None
         slot = grp.slots.get(b.step)
         if slot is None:
-            slot = grp.slots[b.step] = StepSlot(b.step, now, len(grp.members), max(len(table), 1))
+            slot = grp.slots[b.step] = self.pool.take(b.step, now, len(grp.members), max(len(table), 1))
         p = rec.pos
         if p >= slot.shape[0]:
             slot.grow(len(grp.members), len(table))
@@ -349,6 +350,7 @@ class StepAligner:
                 # A paused rank is never reported missing, even when the pending bound forces a judgement.
                 missing &= ~paused
                 out.append((grp, self._view(grp, slot, live.copy(), missing, by_deadline=bool(missing.any()) and late)))
+                self.pool.give(slot)
         return out
 
     def _view(self, grp: Group, slot: StepSlot, live: np.ndarray, missing: np.ndarray,

@@ -60,7 +60,7 @@ def ingest_whole(al: "StepAligner", pack: StepPack, now: float) -> bool:
         return True
     slot = grp.slots.get(step)
     if slot is None:
-        slot = grp.slots[step] = StepSlot(step, now, len(grp.members), max(len(al.keys[job]), 1))
+        slot = grp.slots[step] = al.pool.take(step, now, len(grp.members), max(len(al.keys[job]), 1))
     pos = [r.pos for r in recs]
     if max(pos) >= slot.shape[0] or lay.width > slot.shape[1]:
         slot.grow(len(grp.members), len(al.keys[job]))

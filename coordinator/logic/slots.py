@@ -1,11 +1,14 @@
 """What the aligner holds per pending step, and what a detector judges.
 
-A :class:`StepSlot` is one step of one group as (ranks x columns) arrays; a
+A :class:`StepSlot` is one step of one group as (ranks x columns) arrays (a :class:`SlotPool`
+hands a judged one's memory to a later step); a
 :class:`StepView` is a released slot trimmed to its ranks and columns; a :class:`Layout`
 is where one rank's batch lands in a slot (cached while its name ids repeat).
 """
 from __future__ import annotations
 
+import collections
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,20 +32,22 @@ class Layout:
     unknown: int
 
 
+#: A slot's arrays: (attribute, fill of an empty cell, items per cell beyond (rows, cols));
+#: rows-only arrays have ``None`` for their per-cell items.
+_ARRAYS: tuple[tuple[str, Any, Any, tuple[int, ...] | None], ...] = (
+    ("reported", False, bool, None), ("token", -1, np.int64, None),  # token: inference decode index
+    ("present", False, bool, ()), ("exec", NO_EXEC, np.int64, ()), ("stats", np.nan, np.float64, (4,)),
+    ("nan", 0, np.int64, ()), ("inf", 0, np.int64, ()), ("numel", 0, np.int64, ()), ("crc", NO_CRC, np.int64, ()),
+)
+
+
 class StepSlot:
     """One step of one group. Rows are group positions, columns job-wide keys."""
 
     def __init__(self, step: int, created: float, rows: int, cols: int) -> None:
         self.step, self.created = step, created
-        self.reported = np.zeros(rows, bool)
-        self.token = np.full(rows, -1, np.int64)  # inference: decode/forward-call index per rank
-        self.present = np.zeros((rows, cols), bool)
-        self.exec = np.full((rows, cols), NO_EXEC, np.int64)
-        self.stats = np.full((rows, cols, 4), np.nan)
-        self.nan = np.zeros((rows, cols), np.int64)
-        self.inf = np.zeros((rows, cols), np.int64)
-        self.numel = np.zeros((rows, cols), np.int64)
-        self.crc = np.full((rows, cols), NO_CRC, np.int64)
+        for name, fill, dtype, tail in _ARRAYS:
+            setattr(self, name, np.full((rows,) if tail is None else (rows, cols, *tail), fill, dtype))
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -50,27 +55,59 @@ class StepSlot:
 
     @property
     def nbytes(self) -> int:
-        return sum(a.nbytes for a in (self.reported, self.token, self.present, self.exec, self.stats, self.nan,
-                                      self.inf, self.numel, self.crc))
+        return sum(getattr(self, name).nbytes for name, *_ in _ARRAYS)
 
     def grow(self, rows: int, cols: int) -> None:
         r0, c0 = self.shape
         rows, cols = max(rows, r0), max(cols, c0)
-        for attr, fill in (("present", False), ("exec", NO_EXEC), ("nan", 0), ("inf", 0),
-                           ("numel", 0), ("crc", NO_CRC)):
-            old = getattr(self, attr)
-            new = np.full((rows, cols), fill, old.dtype)
-            new[:r0, :c0] = old
-            setattr(self, attr, new)
-        stats = np.full((rows, cols, 4), np.nan)
-        stats[:r0, :c0] = self.stats
-        self.stats = stats
-        reported = np.zeros(rows, bool)
-        reported[:r0] = self.reported
-        self.reported = reported
-        token = np.full(rows, -1, np.int64)
-        token[:r0] = self.token
-        self.token = token
+        for name, fill, dtype, tail in _ARRAYS:
+            new = np.full((rows,) if tail is None else (rows, cols, *tail), fill, dtype)
+            if tail is None:
+                new[:r0] = getattr(self, name)
+            else:
+                new[:r0, :c0] = getattr(self, name)
+            setattr(self, name, new)
+
+    def unshared(self) -> bool:
+        """Whether no view of any of its arrays is alive (a judged step's StepView, kept
+        for an incident's proof, holds views): only then may its memory hold another step."""
+        # Two references: the attribute and getrefcount's own argument.
+        return all(sys.getrefcount(getattr(self, name)) == 2 for name, *_ in _ARRAYS)
+
+    def reset(self, step: int, created: float) -> None:
+        self.step, self.created = step, created
+        for name, fill, *_ in _ARRAYS:
+            getattr(self, name).fill(fill)
+
+
+class SlotPool:
+    """Judged slots whose memory the next steps take again.
+
+    A step's slot of a 16k-rank shard is ~76 MB of fresh pages each step: faulting them in
+    cost more than filling arrays that are already mapped. A judged slot is given back
+    here; a new step of the same shape takes the oldest one nothing else still sees
+    (:meth:`StepSlot.unshared`). At most ``keep`` are held, so beyond the steps kept for
+    proofs a shard holds at most ``keep`` slots more, and only while they wait to be taken.
+    """
+
+    def __init__(self, keep: int = 4) -> None:
+        self.keep = keep
+        self._free: collections.deque[StepSlot] = collections.deque()
+        self.reused = 0
+
+    def give(self, slot: StepSlot) -> None:
+        self._free.append(slot)
+        while len(self._free) > self.keep:
+            self._free.popleft()
+
+    def take(self, step: int, created: float, rows: int, cols: int) -> StepSlot:
+        for i, slot in enumerate(self._free):
+            if slot.shape == (rows, cols) and slot.unshared():
+                del self._free[i]
+                slot.reset(step, created)
+                self.reused += 1
+                return slot
+        return StepSlot(step, created, rows, cols)
 
 
 @dataclass
