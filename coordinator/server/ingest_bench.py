@@ -279,7 +279,9 @@ def run_ingest(ranks: int, tensors: int, steps: int, *, nodes: int | None = None
         judged_wait = _wait(coord, lambda s: (s.get("last_judged_step") or -1) >= steps - 2, 30.0,
                             must=False)
         go2.set()
-        _wait(coord, lambda s: bool(s["incidents"]), timeout_s)
+        # Each poll is a status call on every shard's ingest thread: gently, as the
+        # latencies come from the actors' own clocks, not from when this poll saw them.
+        _wait(coord, lambda s: bool(s["incidents"]), timeout_s, every=0.5)
         sent = [results.get(timeout=timeout_s) for _ in procs]
         for p in procs:
             p.join(10)

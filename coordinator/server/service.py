@@ -280,7 +280,7 @@ class CoordinatorService(Handlers):
             "metrics": self.metrics.snapshot(), "frames_in": self.frontend.frames_in,
             "rejected": dict(self.frontend.decoder.rejected), "duplicates": self.frontend.replay.duplicates,
             "first_step_wall": self.frontend.first_step_wall, "last_step_wall": self.frontend.last_step_wall,
-            **(self._shard_status() if self.link is not None else {}),
+            **(self._shard_status(brief=True) if self.link is not None else {}),
         }
 
     def _status(self) -> dict:
@@ -304,9 +304,9 @@ class CoordinatorService(Handlers):
             **(self._shard_status() if self.link is not None else {}),
         }
 
-    def _shard_status(self) -> dict:
+    def _shard_status(self, brief: bool = False) -> dict:
         from rankscope.coordinator.logic.summaries import merge_counters
-        shards = self.link.status()
+        shards = self.link.status(brief)
         # The verdict actor takes no records itself: its counters are the shards'.
         return {"shards": shards, "records": sum(s.get("records", 0) for s in shards),
                 "counters": merge_counters([s["counters"] for s in shards if s.get("counters")])}

@@ -81,6 +81,7 @@ class ShardService(Handlers):
         from rankscope.config.cluster import parse_cluster
         from rankscope.coordinator.logic.shard import ShardCore
         self.index = index
+        self._node = ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
         self.core = ShardCore(parse_cluster(cluster), shard=index)
         self.frontend = Frontend(self, bind, job=job, tick_s=tick_s, curve=curve, clock_probes=False,
                                  whole_packs=True)
@@ -172,8 +173,10 @@ class ShardService(Handlers):
         """Judge everything pending now; the findings are returned, not pushed."""
         return self.frontend.call_sync(lambda: self._numbered(self.core.judge(force=True).to_dict()))
 
-    def status(self) -> dict:
-        return self.frontend.call_sync(self._status)
+    def status(self, brief: bool = False) -> dict:
+        """``brief``: without the ranks its oldest step waits for (a walk over every member,
+        for a poller that only counts; it runs on the ingest thread)."""
+        return self.frontend.call_sync(self._status, brief)
 
     def proof(self, verdict: dict) -> dict:
         return self.frontend.call_sync(self.core.series.recent.proof, verdict)
@@ -181,10 +184,10 @@ class ShardService(Handlers):
     def state_dir(self) -> Path | None:
         return self._names_path.parent if self._names_path is not None else None
 
-    def _status(self) -> dict:
+    def _status(self, brief: bool = False) -> dict:
         span = (self.last_wall or 0.0) - (self.first_wall or 0.0)
         return {"shard": self.index, "endpoint": self.frontend.endpoint, "pid": os.getpid(),
-                "node": ray.get_runtime_context().get_node_id() if ray.is_initialized() else None,
+                "node": self._node,
                 "kinds": None, "records": self.records, "first_step_wall": self.first_wall,
                 "last_step_wall": self.last_wall, "records_per_s": round(self.records / span) if span > 0 else None,
                 "pending_steps": self.core.aligner.pending_steps(), "counters": dict(self.core.aligner.counters),
@@ -193,7 +196,7 @@ class ShardService(Handlers):
                 "duplicates": self.frontend.replay.duplicates,
                 "judged": {g.label: g.judged_through for g in self.core.aligner.groups.values()},
                 "restarted": bool(self.restarts), "resynced": self._held is None,
-                "waiting_for": self._waiting_for()}
+                **({} if brief else {"waiting_for": self._waiting_for()})}
 
     def _waiting_for(self, limit: int = 16) -> dict[str, list[int]]:
         """Per group, live ranks its oldest pending step still waits for (why it is not judged)."""
@@ -241,8 +244,8 @@ class _ShardActor:
     def drain(self) -> dict:
         return self._svc.drain()
 
-    def status(self) -> dict:
-        return self._svc.status()
+    def status(self, brief: bool = False) -> dict:
+        return self._svc.status(brief)
 
     def proof(self, verdict: dict) -> dict:
         return self._svc.proof(verdict)
@@ -364,8 +367,8 @@ class ShardLink:
         """Each shard's proof of ``verdict`` (:meth:`RecentSteps.proof`), in shard order."""
         return self._each("proof", verdict, timeout_s=timeout_s, failed=lambda i, e: {})
 
-    def status(self, timeout_s: float = 10.0) -> list[dict]:
-        return self._each("status", timeout_s=timeout_s, failed=lambda i, e: {"shard": i, "error": e})
+    def status(self, brief: bool = False, timeout_s: float = 10.0) -> list[dict]:
+        return self._each("status", brief, timeout_s=timeout_s, failed=lambda i, e: {"shard": i, "error": e})
 
     def stop(self) -> None:
         for h in self.handles:
