@@ -52,6 +52,7 @@ class PrecisionDebugger:
         cfg = self.config
         self.auto = _auto
         self.gate = StepGate(exit_on_terminate=cfg.cluster.on_terminate == "exit")
+        self.gate.who = lambda: None if self.rank is None else f"rank {self.rank}"
         self.writer = DumpWriter(cfg.dump_path, cfg.task, cfg.level, cfg.summary_mode)
         self.rank: int | None = None
         self.rank_source = "none"

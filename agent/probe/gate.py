@@ -37,10 +37,10 @@ class GateState(str, enum.Enum):
 class RankscopeTerminated(RuntimeError):
     """Raised in the training thread when the coordinator terminates the job."""
 
-    def __init__(self, incident: str | None, reason: str = "") -> None:
+    def __init__(self, incident: str | None, reason: str = "", who: str = "this rank") -> None:
         self.incident = incident
         what = f"incident {incident}" if incident else "an operator request"
-        super().__init__(f"rankscope terminated this rank on {what}" + (f": {reason}" if reason else ""))
+        super().__init__(f"rankscope terminated {who} on {what}" + (f": {reason}" if reason else ""))
 
 
 class StepGate:
@@ -50,6 +50,8 @@ class StepGate:
         self.state = GateState.RUNNING
         self.remaining = 0
         self.incident: str | None = None
+        #: Names the rank in the termination's message ("rank 2"), once it is known.
+        self.who: Callable[[], str | None] | None = None
         self.reason = ""
         self.waiting_at: int | None = None  # the step this rank is paused at, if any
         self.hold_at: int | None = None  # PAUSED: block before this step starts (None: next boundary)
@@ -128,7 +130,15 @@ class StepGate:
             import os
             os._exit(self.exit_code)  # noqa: SLF001 - the job asked to die without cleanup
         _say_uncaught_termination_in_one_line()
-        raise RankscopeTerminated(self.incident, self.reason)
+        raise RankscopeTerminated(self.incident, self.reason, self._who())
+
+    def _who(self) -> str:
+        # Ranks share a terminal under most launchers: each line says whose it is.
+        try:
+            who = self.who() if self.who is not None else None
+        except Exception:  # a label is not worth failing the termination over
+            who = None
+        return who or "this rank"
 
     def _notify(self, state: GateState, step: int) -> None:
         if self._on_state is not None:

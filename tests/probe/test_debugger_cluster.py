@@ -97,6 +97,22 @@ def test_sentinels_stream_and_pause_resume_at_step_boundaries(tmp_path, cluster)
             proc.wait()
 
 
+def test_a_terminated_rank_ends_with_one_line_that_names_it(tmp_path, cluster):
+    coord, listen = cluster
+    proc = start_rank(tmp_path, listen, steps=400)
+    try:
+        coord.wait_for(lambda m: m.type == "step" and m.body["step"] >= 2, timeout=120)
+        assert coord.control("terminate", job="j", incident="inc-9") >= 1
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 1 and "finished" not in out
+    assert err.strip().splitlines()[-1] == "[rankscope] rankscope terminated rank 3 on incident inc-9", err[-2000:]
+    assert "Traceback" not in err, err[-2000:]
+
+
 def test_a_rank_that_dies_between_steps_leaves_the_step_it_began_for_its_agent(tmp_path, cluster):
     """os._exit right after a step: that step's records may die queued in the rank, but the
     position it wrote at the step boundary reaches the coordinator with its death."""

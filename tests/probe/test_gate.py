@@ -76,6 +76,7 @@ from rankscope.probe.gate import StepGate
 prev_seen = []
 sys.excepthook = lambda *a: prev_seen.append(a[0].__name__) or sys.__excepthook__(*a)
 g = StepGate()
+g.who = lambda: "rank 2"  # what the debugger sets once it knows its rank
 g.terminate("inc-7", "replica at step 3")
 try:
     g.at_step_boundary(3)
@@ -92,7 +93,7 @@ def test_a_termination_nobody_catches_ends_the_rank_with_one_line_not_a_tracebac
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
     assert out.returncode == 1 and "cleanup ran" in out.stdout
     assert out.stderr.strip().splitlines() == [
-        "[rankscope] rankscope terminated this rank on incident inc-7: replica at step 3"]
+        "[rankscope] rankscope terminated rank 2 on incident inc-7: replica at step 3"]
     # Any other uncaught error still prints its traceback through the script's own hook.
     script.write_text("import sys\nfrom rankscope.probe.gate import StepGate\ng = StepGate()\n"
                       "g.terminate(None)\ntry:\n    g.at_step_boundary(0)\nexcept Exception:\n    pass\n"
