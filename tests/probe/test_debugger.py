@@ -109,6 +109,21 @@ def test_seed_loop_writes_msprobe_layout_with_correct_numbers(tmp_path):
     assert dbg.hook_errors == 0
 
 
+def test_a_parameter_an_api_takes_is_recorded_before_the_optimizer_updates_it(tmp_path):
+    # At mix level fc1's weight is recorded twice a step: as the cell's parameter and as
+    # MatMul's input. Both must be its value in that step's forward, not the next step's.
+    dbg = PrecisionDebugger(dump_path=str(tmp_path / "d"), level="mix")
+    train(3, dbg)
+    label = f"proc{os.getpid()}"
+    for step in (1, 2):
+        data = load(tmp_path / "d", step, label)["data"]
+        [matmul] = [v for k, v in data.items() if k.endswith("MatMul.0.forward")]
+        weight = train(step)[2].fc1.weight.asnumpy()  # after `step` updates: what step `step` used
+        for got in (matmul["input_args"][1], data["Cell.fc1.Dense.forward.0"]["parameters"]["weight"]):
+            assert got["shape"] == [6, 8]
+            assert (got["Max"], got["Min"]) == (pytest.approx(float(weight.max())), pytest.approx(float(weight.min())))
+
+
 def test_forward_output_stats_equal_the_real_activation(tmp_path):
     dbg = PrecisionDebugger(dump_path=str(tmp_path / "d"), level="L0")
     net, opt, grad_fn = make()

@@ -24,6 +24,21 @@ _SKIP_DIRS = (f"{__package__.split('.')[0]}/hooks/", "/agent/sentinels.py", "/ag
 _MAX_STACK = 40
 
 
+_PARAMETER: list[type] = []
+
+
+def is_parameter(value: Any) -> bool:
+    """A mindspore.Parameter: the optimizer updates it in place, so a read deferred past
+    the update would record the next step's value."""
+    if not _PARAMETER:
+        try:
+            from mindspore import Parameter
+        except Exception:  # noqa: BLE001 - no MindSpore: nothing is one
+            return False
+        _PARAMETER.append(Parameter)
+    return isinstance(value, _PARAMETER[0])
+
+
 class Recorder:
     """Holds one step's records: batch rows, dump.json entries, stacks, construct."""
 
@@ -124,8 +139,9 @@ class Recorder:
         self._pending[at:at] = [(name, kind, None, False, None, st) for name, kind, st in rows]
 
     def has_unread_params(self) -> bool:
-        """Queued parameter records still to be read (before an optimizer changes them)."""
-        return any(item[1] == Kind.PARAM and item[5] is None for item in self._pending)
+        """Queued parameter records still to be read (before an optimizer changes them):
+        a cell's parameters, and a Parameter handed to an API as its argument."""
+        return any(item[5] is None and (item[1] == Kind.PARAM or is_parameter(item[2])) for item in self._pending)
 
     def tensor(self, name: str, kind: Kind, value: Any, crc: bool | None = None) -> dict:
         """Queue a tensor; its entry dict is filled in by :meth:`resolve`.
@@ -166,6 +182,8 @@ class Recorder:
     def value(self, name: str, kind: Kind, value: Any) -> Any:
         """dump.json form of any argument: tensors get stats, containers recurse."""
         if is_tensor(value):
+            if self.params_now() and is_parameter(value):
+                return self.tensor_now(name, kind, value)
             return self.tensor(name, kind, value)
         if isinstance(value, (list, tuple)):
             return [self.value(f"{name}.{i}", kind, v) for i, v in enumerate(value)]
