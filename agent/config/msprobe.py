@@ -55,6 +55,17 @@ class DebuggerConfig:
         return not self.rank or rank is None or rank in self.rank
 
 
+def ranks_not_in_job(ranks: list[int], world: int | None) -> str | None:
+    """What to say when the ``rank`` list names ids a ``world``-rank job does not have
+    (they select nothing), or None."""
+    absent = [r for r in ranks if world and r >= world]
+    if not absent:
+        return None
+    kept = [r for r in ranks if r < world]
+    return (f"config rank {ranks}: {absent} {'is' if len(absent) == 1 else 'are'} not a rank of this {world}-rank "
+            f"job (ids 0-{world - 1}); " + (f"only ranks {kept} are dumped" if kept else "no rank is dumped"))
+
+
 # ---------------------------------------------------------------- field checks
 def _parse_step_or_rank(value: Any, fname: str) -> list[int]:
     """msProbe's step/rank syntax: a list of ints and "a-b" / "a" strings -> sorted unique ints."""

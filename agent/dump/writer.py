@@ -198,6 +198,12 @@ class DumpWriter:
 
     def _fail(self, step: int, rank_label: str, msg: str) -> None:
         self.errors += 1
+        if self.errors == 1:
+            # The error log is under dump_path too: when that is what cannot be written,
+            # this line is all anyone sees.
+            from rankscope.wire.attach_report import say_once
+            say_once(f"the local dump under {self.dump_path} could not be written ({msg}); training goes on, "
+                     "and this rank's dump files may be missing: check dump_path")
         self.log_error(step, rank_label, msg)
 
     # ------------------------------------------------------------------ rank rename

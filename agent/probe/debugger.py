@@ -14,6 +14,7 @@ import time
 from typing import Any
 
 from rankscope.config.job import rank_config
+from rankscope.config.msprobe import ranks_not_in_job
 from rankscope.config.schema import KERNEL_LEVEL
 from rankscope.dump.folder_claim import UNKNOWN_HOLDER, claim_rank_label, release_rank_label
 from rankscope.dump.writer import DumpWriter
@@ -32,7 +33,7 @@ from rankscope.probe.watch import GRADS_UNSEEN
 from rankscope.wire.attach_report import say_once
 from rankscope.wire.layout import dump_label, position_file, rank_to_wire
 from rankscope.wire.position import NO_TOKEN, PositionWriter
-from rankscope.wire.records import Kind, StepOutput
+from rankscope.wire.records import StepOutput
 
 log = logging.getLogger("rankscope.probe")
 
@@ -83,6 +84,7 @@ class PrecisionDebugger:
         self._save_count: dict[str, int] = {}
         self.emit_errors = 0
         self.closed = False
+        self._started_in_step = False
         if not _auto:
             handover = take_over(self)
             if handover:
@@ -131,7 +133,7 @@ class PrecisionDebugger:
             self._guard("attaching cell hooks", lambda: self.cells.attach(model))
         if cfg.level in ("L1", "mix") and not self.apis.active and not graph_mode():  # wrappers would be compiled
             self._guard("wrapping APIs", lambda: self.apis.attach(primitives=model is not None))
-        self._started = True
+        self._started = self._started_in_step = True
         self._update_dumping()
         self._guard("step-start snapshot", self.sentinels.snapshot)
 
@@ -143,6 +145,11 @@ class PrecisionDebugger:
     def step(self) -> None:
         """End the step: emit its records to every sink, advance, then honour the StepGate."""
         done = self.current_step
+        if self._started_in_step and self.config.level in ("L0", "mix") and not self.cells.attached \
+                and not self.auto and not graph_mode():
+            say_once(f"level {self.config.level} dumps the Cells of the model given to start(model); start() "
+                     "got none, so this dump has no Cell data: pass the network, as msProbe requires")
+        self._started_in_step = False
         self._guard("kernel rows", self.graph.collect)
         self._flush(done)
         self.current_step += 1
@@ -174,29 +181,12 @@ class PrecisionDebugger:
         if self.config.level != "debug" or not self.config.step_selected(self.current_step) \
                 or not self.config.rank_selected(self.rank):
             return  # msProbe ignores save() outside the debug level
-        r = self.recorder
         try:
             n = self._save_count.get(name, 0)
             self._save_count[name] = n + 1
-            key = f"{name}.{n}.debug"
-            r.entries[key] = r.value(key, Kind.SAVED, variable)
-            r.construct.setdefault(key, None)
-            if save_backward and hasattr(variable, "register_hook"):
-                bkey = f"{name}_grad.{n}.debug"
-
-                def grad_hook(grad):  # noqa: ANN001
-                    try:
-                        r.entries[bkey] = r.tensor(bkey, Kind.SAVED, grad)
-                        r.construct.setdefault(bkey, None)
-                    except Exception as exc:  # noqa: BLE001
-                        r.error(f"save {name} backward", exc)
-                    return None
-                try:
-                    variable.register_hook(grad_hook)
-                except Exception:  # noqa: BLE001 - not in a graph: no gradient to save
-                    pass
+            self.recorder.save_point(name, n, variable, save_backward)
         except Exception as exc:  # noqa: BLE001
-            r.error(f"save {name}", exc)
+            self.recorder.error(f"save {name}", exc)
 
     def register_custom_api(self, module: Any, api: str, api_prefix: str) -> None:
         if self.config.level == KERNEL_LEVEL:
@@ -303,6 +293,9 @@ class PrecisionDebugger:
             self._guard("connecting to the node agent", lambda: self._connect(endpoint))
             self._guard("the position file", lambda: self._write_position(self.current_step, NO_TOKEN))
         self._set_rank(self.rank)
+        note = ranks_not_in_job(self.config.rank, world_size())
+        if note:
+            say_once(note)
 
     def _set_rank(self, rank: int | None) -> None:
         old = self._label

@@ -12,6 +12,7 @@ from rankscope.config.msprobe import (
     config_from_dict,
     load_config,
     parse_cluster,
+    ranks_not_in_job,
 )
 
 
@@ -184,3 +185,11 @@ def test_level_l2_is_msprobes_kernel_level(tmp_path):
     with pytest.raises(ConfigError) as err:
         load_config(None, level="L4")
     assert "'L2'" in str(err.value)  # the error lists it among the levels
+
+
+def test_a_rank_list_naming_ids_the_job_lacks_is_said_with_what_is_still_dumped():
+    assert ranks_not_in_job([1, 7], 4) == ("config rank [1, 7]: [7] is not a rank of this 4-rank job (ids 0-3); "
+                                           "only ranks [1] are dumped")
+    assert ranks_not_in_job([7, 9], 4).endswith("[7, 9] are not a rank of this 4-rank job (ids 0-3); no rank is dumped")
+    assert ranks_not_in_job([0, 3], 4) is None and ranks_not_in_job([], 4) is None
+    assert ranks_not_in_job([7], None) is None  # world size unknown: nothing to compare with

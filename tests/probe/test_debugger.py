@@ -124,6 +124,31 @@ def test_a_parameter_an_api_takes_is_recorded_before_the_optimizer_updates_it(tm
             assert (got["Max"], got["Min"]) == (pytest.approx(float(weight.max())), pytest.approx(float(weight.min())))
 
 
+def test_an_unwritable_dump_path_is_said_once_and_training_goes_on(tmp_path, capsys):
+    dump = tmp_path / "file-not-dir"
+    dump.write_text("")  # a file where the dump folder should be: nothing under it can be made
+    dbg = PrecisionDebugger(dump_path=str(dump), level="L0")
+    losses, _, _ = train(3, dbg)
+    said = [line for line in capsys.readouterr().err.splitlines() if "could not be written" in line]
+    assert len(said) == 1 and str(dump) in said[0], said
+    assert [float(x) for x in losses] == [float(x) for x in train(3)[0]]
+
+
+def test_start_without_a_model_at_l0_says_the_dump_has_no_cell_data(tmp_path, capsys):
+    dbg = PrecisionDebugger(dump_path=str(tmp_path / "d"), level="L0")
+    net, opt, grad_fn = make()
+    for i in range(2):
+        dbg.start()
+        loss, grads = grad_fn(*batch(i))
+        opt(grads)
+        dbg.stop()
+        dbg.step()
+    said = [line for line in capsys.readouterr().err.splitlines() if "start() got none" in line]
+    assert len(said) == 1, said
+    dumps = [json.loads(p.read_text())["data"] for p in (tmp_path / "d").glob("step*/*/dump.json")]
+    assert not any(k.startswith("Cell.") for data in dumps for k in data)
+
+
 def test_forward_output_stats_equal_the_real_activation(tmp_path):
     dbg = PrecisionDebugger(dump_path=str(tmp_path / "d"), level="L0")
     net, opt, grad_fn = make()

@@ -202,6 +202,28 @@ class Recorder:
             items = (items,)
         return [self.value(f"{prefix}.{i}", kind, v) for i, v in enumerate(items)]
 
+    def save_point(self, name: str, n: int, variable: Any, save_backward: bool) -> None:
+        """msProbe's ``save``: ``{name}.{n}.debug`` for the value, ``{name}_grad.{n}.debug``
+        for its gradient when it gets one."""
+        key = f"{name}.{n}.debug"
+        self.entries[key] = self.value(key, Kind.SAVED, variable)
+        self.construct.setdefault(key, None)
+        if not (save_backward and hasattr(variable, "register_hook")):
+            return
+        bkey = f"{name}_grad.{n}.debug"
+
+        def grad_hook(grad):  # noqa: ANN001
+            try:
+                self.entries[bkey] = self.tensor(bkey, Kind.SAVED, grad)
+                self.construct.setdefault(bkey, None)
+            except Exception as exc:  # noqa: BLE001
+                self.error(f"save {name} backward", exc)
+            return None
+        try:
+            variable.register_hook(grad_hook)
+        except Exception:  # noqa: BLE001 - not in a graph: no gradient to save
+            pass
+
     def _device_rows(self, pending: list[tuple]) -> dict[int, TensorStats]:
         """Float tensors that need no CRC and no file: stats on the device, one readback."""
         from rankscope.probe.stats import device_stats_batch, stats_from_device_row
