@@ -251,6 +251,10 @@ def _is_reduced(t: KernelTensor) -> bool:
 def _kind(t: KernelTensor) -> Kind:
     if t.op_type == "AllReduce" and "DistributedGradReducer" in t.op_name:
         return Kind.GRAD_LOCAL if t.io == "input" else Kind.GRAD_REDUCED
+    if t.op_type == "AllReduce" and t.io == "output":
+        # Any AllReduce's output (a reducer inside a jit function loses its Cell scope) is
+        # what every rank received, never a value a rank made itself: a NaN there names no origin.
+        return Kind.GRAD_REDUCED
     return Kind.BACKWARD if t.backward else Kind.FORWARD
 
 

@@ -81,6 +81,20 @@ def test_a_step_reads_in_execution_order_names_the_gradients_and_leaves_no_files
     reader.close()
 
 
+def test_an_allreduce_outside_a_reducer_cell_is_local_in_and_received_out(tmp_path):
+    # A reducer called inside an @ms.jit function: its AllReduce kernels keep no Cell scope.
+    root, op = tmp_path / "kernels", "Default_AllReduce-op16"
+    order_csv(root, [op])
+    d = root / "rank_0" / "rankscope" / "0" / "0"
+    write(d, "AllReduce", op, "input", 0, np.ones((2, 3), np.float32), 5)
+    write(d, "AllReduce", op, "output", 0, np.full((2, 3), 4.0, np.float32), 6)
+    reader = KernelReader(KernelDump(root, True, "tensor", "x"), lambda *_: None)
+    reader.submit()
+    kinds = {r.name.rsplit(".", 2)[1]: r.kind for r in reader.collect()}
+    assert kinds == {"input": Kind.FORWARD, "output": Kind.GRAD_REDUCED}
+    reader.close()
+
+
 def test_attribute_inputs_are_deleted_unread_and_a_new_execution_order_is_reread(tmp_path):
     root = tmp_path / "kernels"
     order_csv(root, [SCOPE])

@@ -5,8 +5,17 @@ whole group. The origin shows only in records measured before any collective
 (PRE_REDUCTION_KINDS: activations, local grads, local loss), so those are searched
 first; only if none is non-finite (e.g. a parameter corrupted in place) are the
 replicated kinds searched.
+
+A rank that produced a NaN and died (or hung) before its records of that step left it
+is absent from the step, while every rank seen holds the NaN the reduction gave it. The
+ranks seen are then all receivers: the absent ranks are named, the only ones that could
+have fed the reduction, and the evidence says it was inferred.
 """
 from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
 
 from rankscope.coordinator.logic.aligner import StepView
 from rankscope.coordinator.logic.detectors.common import (
@@ -45,6 +54,9 @@ class NanOriginDetector:
         flag = pre if pre.any() else bad
         row, col, ties = first_flagged(view, flag)  # type: ignore[misc]
         nonfinite = (view.nan[:, col] + view.inf[:, col]).astype(float)
+        absent = None if flag is pre else _unseen_senders(view, bad)
+        if absent is not None:
+            return [_inferred(view, row, col, absent, nonfinite)]
         evidence = {
             "rule": _RULE + (_BEFORE if flag is pre else " (no pre-reduction record is non-finite)"),
             "nan_count": int(view.nan[row, col]), "inf_count": int(view.inf[row, col]),
@@ -53,3 +65,29 @@ class NanOriginDetector:
             "ranks_nonfinite_this_step": int(bad.any(axis=1).sum()),
         }
         return [make_verdict(self.name, view, row, col, ties, evidence)]
+
+
+def _unseen_senders(view: StepView, bad: np.ndarray) -> np.ndarray | None:
+    """Rows that sent nothing of this step, when every row that did holds a non-finite
+    record after the reduction: those rows are all receivers."""
+    seen = view.reported
+    absent = np.flatnonzero(~seen)
+    if not absent.shape[0] or not seen.any() or not bad[seen].any(axis=1).all():
+        return None
+    return absent[np.argsort(view.ranks[absent], kind="stable")]
+
+
+def _inferred(view: StepView, row: int, col: int, absent: np.ndarray, nonfinite: np.ndarray) -> Verdict:
+    seen_on = int(view.ranks[row])
+    names = ", ".join(str(int(view.ranks[r])) for r in absent)
+    evidence = {
+        "rule": f"{_RULE}: inferred, every rank seen received it through the reduction and rank(s) {names} "
+                "sent no records of this step",
+        "seen_first_on": seen_on, "stats_seen": stats_dict(view, row, col),
+        "nan_count": int(view.nan[row, col]), "inf_count": int(view.inf[row, col]),
+        "numel": int(view.numel[row, col]),
+        "group_nonfinite_counts": group_values(view, col, nonfinite, [row]),
+        "ranks_unseen_this_step": [int(view.ranks[r]) for r in absent],
+    }
+    v = make_verdict(NanOriginDetector.name, view, row, col, [], evidence)
+    return dataclasses.replace(v, rank=int(view.ranks[absent[0]]), ties=[int(view.ranks[r]) for r in absent[1:]])

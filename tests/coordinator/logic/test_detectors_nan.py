@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from logic_helpers import FakeClock, feed_step, view_of
 
+from rankscope.config.cluster import parse_cluster
+from rankscope.coordinator.logic.aligner import StepAligner
 from rankscope.coordinator.logic.core import CoordinatorCore
 from rankscope.coordinator.logic.detectors.nan_origin import NanOriginDetector
 from rankscope.coordinator.logic.synthetic import SyntheticTraining
@@ -59,6 +61,46 @@ def test_replicated_kind_is_used_only_when_nothing_before_reduction_is_bad() -> 
     [v] = NanOriginDetector().judge(view_of(batches), {})
     assert (v.rank, v.kind) == (3, "param")
     assert "no pre-reduction" in v.evidence["rule"]
+
+
+def _view_without(batches, absent: set[int]):
+    """The step as judged when ``absent`` ranks (members of the job) sent nothing of it."""
+    al = StepAligner(parse_cluster({}))
+    for b in batches:
+        al.register(b.job, b.rank, {"world_size": len(batches)})
+    for b in batches:
+        if b.rank not in absent:
+            al.ingest(b, 0.0)
+    [(_, view)] = al.ready(0.0, force=True)
+    return view
+
+
+def test_a_nan_only_the_reduction_shows_names_the_rank_that_sent_nothing_not_the_receivers() -> None:
+    # Rank 2 made the NaN and died before its records of the step left it: every rank
+    # seen holds the NaN only in what the reduction gave it.
+    sim = SyntheticTraining(ranks=4, tensors=32, seed=7)
+    batches = sim.batches(0)
+    _spread_nan(sim, batches, origin=[2])
+    [v] = NanOriginDetector().judge(_view_without(batches, {2}), {})
+    assert (v.rank, v.ties, v.kind) == (2, [], "grad_reduced")
+    assert "inferred" in v.evidence["rule"] and v.evidence["ranks_unseen_this_step"] == [2]
+    assert v.evidence["seen_first_on"] == 0
+    [v] = NanOriginDetector().judge(_view_without(batches, {3, 2}), {})
+    assert (v.rank, v.ties) == (2, [3])
+
+
+def test_a_rank_missing_does_not_move_the_blame_when_the_origin_is_seen() -> None:
+    sim = SyntheticTraining(ranks=4, tensors=32, seed=8)
+    batches = sim.batches(0)
+    _spread_nan(sim, batches, origin=[1])
+    [v] = NanOriginDetector().judge(_view_without(batches, {3}), {})
+    assert (v.rank, v.kind) == (1, "grad_local") and "inferred" not in v.evidence["rule"]
+    # A parameter corrupted in place on one rank seen: not every rank seen holds it.
+    sim = SyntheticTraining(ranks=4, tensors=32, seed=9)
+    batches = sim.batches(0)
+    batches[0].nan_count[sim.column("Sentinel.param.layer3.")] = 1
+    [v] = NanOriginDetector().judge(_view_without(batches, {3}), {})
+    assert (v.rank, v.kind) == (0, "param")
 
 
 def test_clean_step_raises_nothing() -> None:
