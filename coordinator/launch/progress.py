@@ -46,8 +46,12 @@ class ProgressPrinter:
         if judged is not None and judged >= 0 and judged != self._judged \
                 and (judged - self._judged >= self.every_steps or self._judged < 0):
             self._judged = judged
-            steps = ", ".join(f"{r}:{shown(info.get('step'))}" for r, info in sorted(ranks.items(), key=lambda kv: int(kv[0])))
-            self.say(f"step {judged} judged across all ranks (each rank's newest step {steps})")
+            order = sorted(ranks.items(), key=lambda kv: int(kv[0]))
+            steps = ", ".join(f"{r}:{shown(info.get('step'))}" for r, info in order)
+            # A rank whose newest step is older never sent this one: it was judged without it.
+            behind = [int(r) for r, info in order if isinstance(info.get("step"), int) and info["step"] < judged]
+            over = f"without {rank_span(behind)}" if behind else "across all ranks"
+            self.say(f"step {judged} judged {over} (each rank's newest step {steps})")
         for inc in status.get("incidents") or []:
             iid = inc.get("incident_id")
             if iid and iid not in self._incidents:

@@ -97,6 +97,16 @@ def test_progress_prints_only_changes():
     assert len(lines) == 3 and "rank 1 at step 3" in lines[2]
 
 
+def test_a_step_judged_without_a_rank_says_so():
+    lines: list[str] = []
+    pp = ProgressPrinter(lines.append)
+    pp.update({"ranks": {"0": {"step": 6}, "1": {"step": 6}, "2": {"step": 5}, "3": {"step": 6}},
+               "last_judged_step": 6, "incidents": []})
+    assert lines[-1] == "step 6 judged without rank 2 (each rank's newest step 0:6, 1:6, 2:5, 3:6)"
+    pp.update({"ranks": {str(r): {"step": 7} for r in range(4)}, "last_judged_step": 7, "incidents": []})
+    assert lines[-1].startswith("step 7 judged across all ranks")
+
+
 def test_ranks_watched_alike_share_one_watch_line_and_a_late_rank_gets_its_own():
     lines: list[str] = []
     pp = ProgressPrinter(lines.append)
