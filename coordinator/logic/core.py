@@ -23,6 +23,7 @@ from rankscope.config.watchpoints import parse_watchpoints
 from rankscope.coordinator.logic.aligner import (
     LIVE_STATES,
     Group,
+    RankRecord,
     RankState,
     StepAligner,
     StepView,
@@ -154,8 +155,9 @@ class CoordinatorCore:
         rec.state = RankState.LOST
         rec.last_step = max(rec.last_step, last_step)
         died_at = self.wall_clock() if died_at is None else died_at
+        began = max((s for s in (rec.started, position[0] if position else None) if s is not None), default=None)
         rec.death = {"exit_status": exit_status, "signal": signal, "reason": reason, "exception": exception,
-                     "died_at": died_at}
+                     "died_at": died_at, "began": began}
         if self.settings.detectors.progress.enabled:
             self.failures.death(rec.group, Death(rank, died_at, exit_status, signal, reason, exception, last_step,
                                                  sync, position), self.clock())
@@ -301,7 +303,7 @@ class CoordinatorCore:
         ends, mine = {}, []
         for (j, rank), rec in self.aligner.ranks.items():
             if j == job:
-                ends[rank] = rec.last_step if rec.state is RankState.LOST else None
+                ends[rank] = _last_run(rec) if rec.state is RankState.LOST else None
                 mine.append(rec)
         report = self.coverage.report(job, ends)
         stop = stop_of(mine)
@@ -355,3 +357,11 @@ class CoordinatorCore:
             "incidents": [{"incident_id": i.incident_id, "state": i.state.value, "job": i.job,
                            "summary": i.verdict.summary()} for i in self.book.by_id.values()],
         }
+
+
+def _last_run(rec: RankRecord) -> int:
+    """The last step a lost rank ran through: the step before the one it had begun when it
+    died, when that is later than its records say (a step's records leave after it ends,
+    so a rank killed then never sent its last one: that step was not seen)."""
+    began = (rec.death or {}).get("began")
+    return max(rec.last_step, began - 1) if isinstance(began, int) else rec.last_step

@@ -80,6 +80,23 @@ def test_the_core_marks_what_it_judged_and_the_ranks_missing_by_the_deadline():
     assert rep["not_seen"] == [{"rank": 1, "steps": [[3, 4]], "dropped_steps": 2}]
 
 
+def test_a_rank_killed_before_its_last_step_left_it_has_that_step_not_seen():
+    # Rank 3 finished step 5 and began step 6, then was killed before its records of step
+    # 5 left the process: the node agent's report says it began step 6.
+    clock = FakeClock()
+    core = CoordinatorCore({"on_divergence": "continue"}, clock=clock)
+    synth = SyntheticTraining(ranks=4, tensors=8, job="j", seed=2)
+    for r in range(4):
+        core.on_register("j", r, {"world_size": 4})
+    for step in range(6):
+        feed_step(core, clock, [b for b in synth.batches(step) if not (b.rank == 3 and step == 5)], dt=0.1)
+    core.on_rank_lost("j", 3, 4, None, "killed by SIGKILL", signal=9, position=(6, -1))
+    core.drain()
+    rep = core.coverage_report("j")
+    assert rep["not_seen"] == [{"rank": 3, "steps": [[5, 5]]}], rep
+    assert "rank 3 step 5 not seen" in describe(rep)
+
+
 def test_ranges_added_in_any_order_and_overlap_equal_a_plain_set():
     rng = random.Random(11)
     for _ in range(200):
