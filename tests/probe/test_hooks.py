@@ -108,6 +108,21 @@ def test_data_mode_and_list_filters(tmp_path):
     assert set(data) == {"Cell.b.Dense.forward.0"}
 
 
+@pytest.mark.parametrize("level", ["L0", "mix"])
+def test_data_mode_backward_keeps_the_backward_entries_and_writes_no_forward_ones(tmp_path, level):
+    cfg = tmp_path / "c.json"
+    cfg.write_text(json.dumps({"task": "statistics", "level": level, "statistics": {"data_mode": ["backward"]}}))
+    net = Shared()
+    dbg = PrecisionDebugger(config_path=str(cfg), dump_path=str(tmp_path / "d"))
+    run(dbg, net, [net])
+    data = dump_of(tmp_path / "d")
+    assert not [k for k in data if ".forward" in k], sorted(data)
+    assert {"Cell.a.Dense.backward.0", "Cell.b.Dense.backward.0", "Cell.c.Dense.backward.0"} <= set(data)
+    assert data["Cell.c.Dense.backward.0"]["input"][0]["shape"] == [3, 2]
+    if level == "mix":
+        assert any(k.startswith("Primitive.") and ".backward" in k for k in data), sorted(data)
+
+
 def test_mix_level_records_cells_and_primitives(tmp_path):
     net = Shared()
     dbg = PrecisionDebugger(dump_path=str(tmp_path), level="mix")

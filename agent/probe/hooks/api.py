@@ -151,13 +151,13 @@ class ApiHooks:
             try:
                 if api_name.startswith("Primitive.") and args:
                     args = args[1:]  # drop the primitive instance (self)
-                entry = {"input_args": r.values(f"{name}.input", Kind.FORWARD, args)
-                         if r.wants_io("forward", "input") else [],
-                         "input_kwargs": {k: r.value(f"{name}.input.{k}", Kind.FORWARD, v)
-                                          for k, v in kwargs.items()} if r.wants_io("forward", "input") else {},
-                         "output": r.values(f"{name}.output", Kind.FORWARD, out)
-                         if r.wants_io("forward", "output") else []}
-                r.put(name, entry)
+                if r.wants_io("forward", "input") or r.wants_io("forward", "output"):
+                    r.put(name, {"input_args": r.values(f"{name}.input", Kind.FORWARD, args)
+                                 if r.wants_io("forward", "input") else [],
+                                 "input_kwargs": {k: r.value(f"{name}.input.{k}", Kind.FORWARD, v)
+                                                  for k, v in kwargs.items()} if r.wants_io("forward", "input") else {},
+                                 "output": r.values(f"{name}.output", Kind.FORWARD, out)
+                                 if r.wants_io("forward", "output") else []})
             finally:
                 hooks.depth -= 1
             if "backward" in r._dirs and r.wants(f"{api_name}.{n}.backward"):  # noqa: SLF001

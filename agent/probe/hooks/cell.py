@@ -117,20 +117,22 @@ class CellHooks:
                     return None
                 name = rec._active.pop()
                 parent = rec._active[-1] if rec._active else None
-                if not r.wants(name) or not r.wants_io("forward", "input") and not r.wants_io("forward", "output"):
+                if not r.wants(name):
                     return None
-                entry: dict[str, Any] = {"input_args": [], "input_kwargs": {}, "output": []}
-                if r.wants_io("forward", "input"):
-                    entry["input_args"] = r.values(f"{name}.input", Kind.FORWARD, args)
-                    entry["input_kwargs"] = {k: r.value(f"{name}.input.{k}", Kind.FORWARD, v)
-                                             for k, v in (kwargs or {}).items()}
-                if r.wants_io("forward", "output"):
-                    entry["output"] = r.values(f"{name}.output", Kind.FORWARD, output)
-                params = getattr(cell, "_params", {})
-                if params:
-                    entry["parameters"] = {pn: rec._param_entry(f"{name}.parameters.{pn}", p)
-                                           for pn, p in params.items() if p is not None}
-                r.put(name, entry, parent)
+                if r.wants_io("forward", "input") or r.wants_io("forward", "output"):
+                    entry: dict[str, Any] = {"input_args": [], "input_kwargs": {}, "output": []}
+                    if r.wants_io("forward", "input"):
+                        entry["input_args"] = r.values(f"{name}.input", Kind.FORWARD, args)
+                        entry["input_kwargs"] = {k: r.value(f"{name}.input.{k}", Kind.FORWARD, v)
+                                                 for k, v in (kwargs or {}).items()}
+                    if r.wants_io("forward", "output"):
+                        entry["output"] = r.values(f"{name}.output", Kind.FORWARD, output)
+                    params = getattr(cell, "_params", {})
+                    if params:
+                        entry["parameters"] = {pn: rec._param_entry(f"{name}.parameters.{pn}", p)
+                                               for pn, p in params.items() if p is not None}
+                    r.put(name, entry, parent)
+                # data_mode ["backward"]: no forward entry, but its backward still needs the hooks
                 if "backward" in r._dirs:  # noqa: SLF001
                     r.hook_grads(name, parent, args, output)
             except Exception as exc:  # noqa: BLE001
