@@ -141,6 +141,7 @@ class GraphWatch:
             self.report.jit_steps += 1
         else:
             self.report.graph_steps += 1
+        self._say_what_the_level_gets()
         loss = loss_of(output)
         if loss is not None:
             self.dbg.sentinels.record_loss(loss)
@@ -148,6 +149,21 @@ class GraphWatch:
             self._submit(self._keep_dir())
         if self.on_step is not None:
             self._owed = cell  # settled at the next step's start (or at exit)
+
+    def _say_what_the_level_gets(self) -> None:
+        """A script's own debugger asked for Cells or APIs, which compiled code never runs
+        in Python: say once what its dump holds instead."""
+        cfg = self.dbg.config
+        if self.dbg.auto or cfg.level not in ("L0", "L1", "mix"):
+            return
+        from rankscope.wire.attach_report import say_once
+        instead = ("its kernels' tensor files, in msProbe's static-graph L2 layout (rank*/<time>/step*/)"
+                   if cfg.task == "tensor" and self.kernels is not None else
+                   "no files: its kernels' statistics stream to the coordinator, and MindSpore's statistic "
+                   "kernel dump is GPU/Ascend only" if self.kernels is not None else
+                   "no files: the kernel dump is not available here")
+        say_once(f"level {cfg.level} dumps Cells and APIs run from Python; this step runs compiled, so the "
+                 f"dump of its steps holds {instead}")
 
     def _submit(self, keep_in: Any) -> None:
         """Hand the step's dump folders to the reader once MindSpore has run the step.

@@ -132,3 +132,36 @@ def test_compiled_code_runs_as_unprobed_and_says_how_it_is_watched(tmp_path, sty
     assert len([ln for ln in lines if "watched" in ln]) == 1, lines
     assert any(says in ln for ln in lines), lines
     assert "Unsupported statement" not in stderr
+
+
+OWN_DEBUGGER = textwrap.dedent("""
+    import sys
+    import numpy as np
+    import mindspore as ms
+    from mindspore import nn
+    from rankscope import PrecisionDebugger
+    ms.set_context(mode=ms.GRAPH_MODE)
+    ms.set_device("CPU")
+    dbg = PrecisionDebugger(dump_path=sys.argv[2], level="L0", task=sys.argv[1])
+    net = nn.Dense(6, 1)
+    opt = nn.SGD(net.trainable_params(), learning_rate=0.05)
+    step = nn.TrainOneStepCell(nn.WithLossCell(net, nn.MSELoss()), opt)
+    for i in range(2):
+        dbg.start(net)
+        step(ms.Tensor(np.ones((4, 6), np.float32)), ms.Tensor(np.zeros((4, 1), np.float32)))
+        dbg.stop()
+        dbg.step()
+""")
+
+
+@pytest.mark.parametrize("task, holds", [("statistics", "holds no files"), ("tensor", "kernels' tensor files")])
+def test_a_scripts_own_l0_debugger_on_a_compiled_step_is_told_what_its_dump_holds(tmp_path, task, holds):
+    path = tmp_path / "train.py"
+    path.write_text(OWN_DEBUGGER)
+    env = dict(os.environ, PYTHONPATH=str(REPO), GLOG_v="3")
+    env.pop("RANKSCOPE_AGENT", None)
+    proc = subprocess.run([sys.executable, str(path), task, str(tmp_path / "dump")], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    said = [ln for ln in proc.stderr.splitlines() if "this step runs compiled" in ln]
+    assert len(said) == 1 and "level L0 dumps Cells" in said[0] and holds in said[0], proc.stderr[-2000:]
