@@ -30,7 +30,7 @@ from rankscope.probe.sentinels import Sentinels
 from rankscope.probe.sync_tracker import SyncTracker
 from rankscope.probe.token_range import TokenCounter, TokenRangeHooks, check_token_range
 from rankscope.probe.watch import GRADS_UNSEEN
-from rankscope.wire.attach_report import say_once
+from rankscope.wire.attach_report import one_line, say_once, write_failure
 from rankscope.wire.layout import dump_label, position_file, rank_to_wire
 from rankscope.wire.position import NO_TOKEN, PositionWriter
 from rankscope.wire.records import StepOutput
@@ -47,7 +47,12 @@ class PrecisionDebugger:
     def __init__(self, config_path: str | None = None, task: str | None = None,
                  dump_path: str | None = None, level: str | None = None,
                  step: list | None = None, *, _auto: bool = False) -> None:
-        self.config, note = rank_config(config_path, task=task, dump_path=dump_path, level=level, step=step)
+        try:
+            self.config, note = rank_config(config_path, task=task, dump_path=dump_path, level=level, step=step)
+        except Exception as exc:
+            # Raised into the script, as msProbe does; launch is told why this rank will never attach.
+            write_failure(resolve_rank(None)[0], f"PrecisionDebugger: {one_line(exc)}")
+            raise
         if note:
             say_once(note)
         cfg = self.config

@@ -149,6 +149,19 @@ def test_start_without_a_model_at_l0_says_the_dump_has_no_cell_data(tmp_path, ca
     assert not any(k.startswith("Cell.") for data in dumps for k in data)
 
 
+def test_a_bad_config_raises_into_the_script_and_tells_launch_why_the_rank_never_attached(tmp_path, monkeypatch):
+    from rankscope.config.errors import ConfigError
+    from rankscope.wire.attach_report import ENV_VAR, read_failures
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({"task": "statistic", "level": "L0"}))
+    monkeypatch.setenv(ENV_VAR, str(tmp_path))
+    monkeypatch.setenv("RANK_ID", "2")
+    with pytest.raises(ConfigError, match="task"):
+        PrecisionDebugger(config_path=str(cfg))
+    [note] = read_failures(tmp_path).values()
+    assert note["rank"] == 2 and note["reason"].startswith("PrecisionDebugger: ") and "'statistic'" in note["reason"]
+
+
 def test_forward_output_stats_equal_the_real_activation(tmp_path):
     dbg = PrecisionDebugger(dump_path=str(tmp_path / "d"), level="L0")
     net, opt, grad_fn = make()
