@@ -210,8 +210,14 @@ def _report(job: str, mine: dict[int, RankCoverage], ends: dict[int, int | None]
             if rc.dropped_steps:
                 entry["dropped_steps"] = rc.dropped_steps
             not_seen.append(entry)
-    return {"job": job, "steps": [lo, hi], "ranks": len(ranks), "watched_ranks": watched,
-            "complete": not not_seen, "not_seen": not_seen}
+    out = {"job": job, "steps": [lo, hi], "ranks": len(ranks), "watched_ranks": watched,
+           "complete": not not_seen, "not_seen": not_seen}
+    # A rank lost before the last step ran no later one: said, so "steps 0-N on all ranks"
+    # does not read as N seen on it.
+    lost = [{"rank": r, "through": ends[r]} for r in ranks if ends.get(r) is not None and ends[r] < hi]
+    if lost:
+        out["lost"] = lost
+    return out
 
 
 def describe(report: dict[str, Any]) -> str:
@@ -233,6 +239,8 @@ def describe(report: dict[str, Any]) -> str:
         if e.get("dropped_steps"):
             what += f" ({e['dropped_steps']} step(s) dropped in the rank)"
         parts.append(what)
+    parts += [f"rank {e['rank']} lost after step {e['through']}" if e["through"] >= lo else f"rank {e['rank']} lost"
+              for e in report.get("lost") or [] if not any(n["rank"] == e["rank"] for n in report["not_seen"])]
     return line + ("; " + "; ".join(parts) if parts else "") + _stop_text(report, "; ")
 
 

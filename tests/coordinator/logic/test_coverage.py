@@ -51,6 +51,8 @@ def test_a_lost_rank_is_only_expected_up_to_its_end():
     for step in range(10):
         cov.judged("j", step, [0, 1] if step > 5 else [0, 1, 2])
     assert cov.report("j", {0: None, 1: None, 2: 5})["complete"]
+    # Still said: "steps 0-9 on 3/3 ranks" alone would read as rank 2 seen through 9.
+    assert describe(cov.report("j", {0: None, 1: None, 2: 5})) == "watched steps 0-9 on 3/3 ranks; rank 2 lost after step 5"
     assert "rank 2 steps 6-7 not seen" in describe(cov.report("j", {0: None, 1: None, 2: 7}))
     gap = {"job": "j", "steps": [0, 3], "ranks": 2, "watched_ranks": 2, "complete": False,
            "not_seen": [{"rank": 1, "steps": [[0, 0]]}]}
