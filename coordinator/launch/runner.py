@@ -18,6 +18,7 @@ import time
 import uuid
 from pathlib import Path
 
+from rankscope.coordinator.launch import msrun_args
 from rankscope.coordinator.launch.env import AttachSettings, child_env
 from rankscope.coordinator.launch.paused import PausedNotice, reach_args
 from rankscope.coordinator.launch.progress import ProgressPrinter, format_verdict, watch_summary
@@ -152,6 +153,7 @@ class Launch:
         if out is not None:
             out.close()  # the child holds its own descriptor
             self.say(f"command output -> {self.args.log}")
+        self._link_worker_logs(cmd)
         progress = self.progress = ProgressPrinter(self.say)
         paused = PausedNotice(self.say, self.job, reach_args(self.address, self.job))
         # --agent: no coordinator here; the node agent heard any terminate and is asked.
@@ -163,6 +165,19 @@ class Launch:
                 agent_watch.close()
         self.attach_watch.poll()
         return rc
+
+    def _link_worker_logs(self, cmd: list[str]) -> None:
+        """An incident's report links each rank's worker log found in the export folder:
+        msrun writes them where its --log_dir says (or where it runs), so that folder is
+        linked in as ``worker_logs``."""
+        logs, link = msrun_args.log_dir(cmd, Path.cwd()), self.export_dir / "worker_logs"
+        if logs is None or logs == self.export_dir or self.export_dir in logs.parents or link.is_symlink() \
+                or link.exists():
+            return
+        try:
+            link.symlink_to(logs, target_is_directory=True)
+        except OSError as exc:  # the report then shows no worker logs; the run is unaffected
+            self.say(f"could not link msrun's worker logs ({logs}) into {self.export_dir}: {exc}")
 
     def _supervise(self, agent_watch: TerminatedWatch | None, progress: ProgressPrinter,
                    paused: PausedNotice) -> int:

@@ -31,7 +31,8 @@ def run_crash(tmp_path: Path, fault: str, config: dict | None = None, grace: str
         cfg = tmp_path / "config.json"
         cfg.write_text(json.dumps(config))
         cmd += ["--config", str(cfg)]
-    cmd += ["--", *msrun_command(RANKS, out / "msrun_logs", JOB)]
+    # msrun's logs outside the export folder, as a user's --log_dir usually is.
+    cmd += ["--", *msrun_command(RANKS, tmp_path / "msrun_logs", JOB)]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=400)
     found = sorted((out / "incidents").glob("*/incident.json")) if (out / "incidents").exists() else []
     incidents = [json.loads(p.read_text()) | {"_dir": p.parent} for p in found]
@@ -63,6 +64,9 @@ def test_the_rank_that_died_first_is_named_not_its_victims(tmp_path, fault, step
     for r in range(RANKS):
         assert any((inc["_dir"] / f"rank_{r}" / "rdr").iterdir()), f"rank {r} has no bundle"
     assert f"rank {rank} failed first" in proc.stdout, explain
+    # The report links every rank's worker log, from msrun's --log_dir outside the export folder.
+    html = (inc["_dir"] / "report.html").read_text()
+    assert all(f'msrun_logs/worker_{r}.log"' in html for r in range(RANKS)), explain
 
 
 def test_a_rank_that_hangs_before_the_allreduce_is_named_not_the_rank_that_timed_out(tmp_path):

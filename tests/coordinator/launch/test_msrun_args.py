@@ -1,9 +1,11 @@
 """msrun returns before its workers end unless joined: launch runs an msrun line joined."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from rankscope.coordinator.launch.msrun_args import JOIN_NOTE, joined
+from rankscope.coordinator.launch.msrun_args import JOIN_NOTE, joined, log_dir
 
 
 @pytest.mark.parametrize("cmd, want", [
@@ -29,3 +31,14 @@ def test_an_unjoined_msrun_line_is_joined_and_said(cmd, want):
 ])
 def test_anything_else_is_left_as_typed(cmd):
     assert joined(cmd) == (cmd, None)
+
+
+@pytest.mark.parametrize("cmd, want", [
+    (["msrun", "--worker_num=4", "--log_dir=logs/run1", "t.py"], "/w/logs/run1"),
+    (["msrun", "--log_dir", "/abs/l", "--join=True", "t.py", "--log_dir=not-msruns"], "/abs/l"),
+    (["msrun", "--worker_num=4", "t.py"], "/w"),  # msrun's default: the directory it runs in
+    (["python", "t.py", "--log_dir=x"], None),
+])
+def test_msruns_worker_logs_are_where_its_log_dir_says(cmd, want):
+    got = log_dir(cmd, Path("/w"))
+    assert (str(got) if got else None) == want
