@@ -136,8 +136,8 @@ class PrecisionDebugger:
         # GRAPH mode never runs a Cell's hooks in Python: its kernels are watched instead.
         if model is not None and cfg.level in ("L0", "mix") and not graph_mode():
             self._guard("attaching cell hooks", lambda: self.cells.attach(model))
-        if cfg.level in ("L1", "mix") and not self.apis.active and not graph_mode():  # wrappers would be compiled
-            self._guard("wrapping APIs", lambda: self.apis.attach(primitives=model is not None))
+        if cfg.level in ("L1", "mix") and not graph_mode():  # wrappers would be compiled
+            self._guard("wrapping APIs", lambda: self.apis.attach(model))
         self._started = self._started_in_step = True
         self._update_dumping()
         self._guard("step-start snapshot", self.sentinels.snapshot)

@@ -123,6 +123,37 @@ def test_data_mode_backward_keeps_the_backward_entries_and_writes_no_forward_one
         assert any(k.startswith("Primitive.") and ".backward" in k for k in data), sorted(data)
 
 
+def test_scope_is_the_range_from_its_start_record_to_its_end_record(tmp_path):
+    # Shared runs act, a, act, b, act, c forward: the range a..b holds a, act#1 and b,
+    # and no backward entry (they come after b).
+    cfg = tmp_path / "c.json"
+    cfg.write_text(json.dumps({"task": "statistics", "level": "L0",
+                               "statistics": {"scope": ["Cell.a.Dense.forward.0", "Cell.b.Dense.forward.0"]}}))
+    net = Shared()
+    dbg = PrecisionDebugger(config_path=str(cfg), dump_path=str(tmp_path / "d"))
+    run(dbg, net, [net])
+    assert set(dump_of(tmp_path / "d")) == {"Cell.a.Dense.forward.0", "Cell.act.ReLU.forward.1",
+                                            "Cell.b.Dense.forward.0"}
+
+
+def test_a_backward_range_and_a_list_naming_a_forward_entry_select_as_msprobe_does(tmp_path):
+    cfg = tmp_path / "c.json"
+    cfg.write_text(json.dumps({"task": "statistics", "level": "L0",
+                               "statistics": {"scope": ["Cell.c.Dense.backward.0", "Cell.b.Dense.backward.0"]}}))
+    net = Shared()
+    dbg = PrecisionDebugger(config_path=str(cfg), dump_path=str(tmp_path / "d"))
+    run(dbg, net, [net])
+    # c's weight gradient is recorded between the two: inside the range too.
+    assert set(dump_of(tmp_path / "d")) == {"Cell.c.Dense.backward.0", "Cell.c.Dense.parameters_grad.0",
+                                            "Cell.act.ReLU.backward.2", "Cell.b.Dense.backward.0"}
+    dbg.close()
+    cfg.write_text(json.dumps({"task": "statistics", "level": "L0",
+                               "statistics": {"list": ["Cell.b.Dense.forward.0"]}}))
+    dbg = PrecisionDebugger(config_path=str(cfg), dump_path=str(tmp_path / "e"))
+    run(dbg, net, [net])
+    assert set(dump_of(tmp_path / "e")) == {"Cell.b.Dense.forward.0"}
+
+
 def test_mix_level_records_cells_and_primitives(tmp_path):
     net = Shared()
     dbg = PrecisionDebugger(dump_path=str(tmp_path), level="mix")
@@ -131,3 +162,5 @@ def test_mix_level_records_cells_and_primitives(tmp_path):
     assert "Cell.a.Dense.forward.0" in data
     prims = [k for k in data if k.startswith("Primitive.")]
     assert any(".matmul." in k.lower() for k in prims), sorted(data)[:20]
+    # msProbe names a Cell's primitive by its attribute there: nn.Dense's bias_add, not biasadd.
+    assert "Primitive.bias_add.BiasAdd.0.forward" in data and not any(".biasadd." in k for k in prims), prims

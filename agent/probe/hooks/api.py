@@ -48,9 +48,26 @@ class ApiHooks:
         self._count: dict[str, int] = {}
         self._patches: dict[tuple[int, str], tuple[Any, str, Any, bool]] = {}
         self.active = False
+        #: id of a primitive a Cell holds -> its attribute name there: msProbe names a
+        #: primitive call ``Primitive.<attribute>.<Class>`` (nn.Dense's ``bias_add``).
+        self.prim_names: dict[int, str] = {}
+        self._named: set[int] = set()
+
+    def name_primitives(self, models: Any) -> None:
+        for root in models if isinstance(models, (list, tuple)) else [models]:
+            for _path, cell in root.cells_and_names():
+                for attr, prim in (getattr(cell, "_primitives", None) or {}).items():
+                    if prim is not None:
+                        self.prim_names.setdefault(id(prim), attr)
 
     # ------------------------------------------------------------------ wrap
-    def attach(self, primitives: bool = True) -> None:
+    def attach(self, model: Any = None) -> None:
+        """Wrap the APIs (and, given the model, the primitives its Cells call) once; name
+        the primitives of each model it is given."""
+        if model is not None and id(model) not in self._named:
+            self._named.add(id(model))
+            self.name_primitives(model)
+        primitives = model is not None
         self.active = True
         if self._patches:
             return
@@ -142,16 +159,17 @@ class ApiHooks:
         r = self.rec
         hooks = self
         try:
+            if api_name.startswith("Primitive.") and args:
+                attr = self.prim_names.get(id(args[0]))
+                if attr is not None:
+                    api_name = f"Primitive.{attr}.{api_name.rsplit('.', 1)[-1]}"
+                args = args[1:]  # drop the primitive instance (self)
             n = self._count.get(api_name, 0)
             self._count[api_name] = n + 1
             name = f"{api_name}.{n}.forward"
-            if not r.wants(name):
-                return
             hooks.depth += 1  # stats never call MindSpore, but be safe against re-entry
             try:
-                if api_name.startswith("Primitive.") and args:
-                    args = args[1:]  # drop the primitive instance (self)
-                if r.wants_io("forward", "input") or r.wants_io("forward", "output"):
+                if r.wants(name) and (r.wants_io("forward", "input") or r.wants_io("forward", "output")):
                     r.put(name, {"input_args": r.values(f"{name}.input", Kind.FORWARD, args)
                                  if r.wants_io("forward", "input") else [],
                                  "input_kwargs": {k: r.value(f"{name}.input.{k}", Kind.FORWARD, v)
@@ -160,7 +178,7 @@ class ApiHooks:
                                  if r.wants_io("forward", "output") else []})
             finally:
                 hooks.depth -= 1
-            if "backward" in r._dirs and r.wants(f"{api_name}.{n}.backward"):  # noqa: SLF001
+            if "backward" in r._dirs:  # noqa: SLF001 - the backward entry asks wants() when it is made
                 r.hook_grads(name, None, args, out)
         except Exception as exc:  # noqa: BLE001
             r.error(f"{api_name} API hook", exc)

@@ -117,9 +117,7 @@ class CellHooks:
                     return None
                 name = rec._active.pop()
                 parent = rec._active[-1] if rec._active else None
-                if not r.wants(name):
-                    return None
-                if r.wants_io("forward", "input") or r.wants_io("forward", "output"):
+                if r.wants(name) and (r.wants_io("forward", "input") or r.wants_io("forward", "output")):
                     entry: dict[str, Any] = {"input_args": [], "input_kwargs": {}, "output": []}
                     if r.wants_io("forward", "input"):
                         entry["input_args"] = r.values(f"{name}.input", Kind.FORWARD, args)
@@ -132,7 +130,8 @@ class CellHooks:
                         entry["parameters"] = {pn: rec._param_entry(f"{name}.parameters.{pn}", p)
                                                for pn, p in params.items() if p is not None}
                     r.put(name, entry, parent)
-                # data_mode ["backward"]: no forward entry, but its backward still needs the hooks
+                # Whether its backward is wanted is asked when that is recorded (the filters
+                # follow the order records are made in), so the hooks go on regardless.
                 if "backward" in r._dirs:  # noqa: SLF001
                     r.hook_grads(name, parent, args, output)
             except Exception as exc:  # noqa: BLE001

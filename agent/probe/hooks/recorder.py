@@ -54,6 +54,8 @@ class Recorder:
         self._dirs = {m for m in modes if m in ("forward", "backward")} or {"forward", "backward"}
         self._ios = {m for m in modes if m in ("input", "output")} or {"input", "output"}
         self.scope = list(scope or [])
+        self._in_scope = False
+        self._unwanted: set[str] = set()  # backward entries this step's filters left out
         self.api_list = list(api_list or [])
         self._write_tensor = write_tensor
         self._log_error = log_error
@@ -94,10 +96,18 @@ class Recorder:
 
     # ------------------------------------------------------------------ filters
     def wants(self, name: str) -> bool:
-        """config ``list`` (name contains any item) and ``scope`` (name starts with any)."""
+        """config ``list`` (name contains any item) and ``scope``: msProbe's [start, end]
+        range, every record from the one named start to the one named end, in the order
+        they are recorded (called once per record, so the range follows the step)."""
+        if self.scope:
+            if name == self.scope[0]:
+                self._in_scope = True
+            inside = self._in_scope
+            if name == self.scope[-1]:
+                self._in_scope = False
+            if not inside:
+                return False
         if self.api_list and not any(item in name for item in self.api_list):
-            return False
-        if self.scope and not any(name.startswith(s) for s in self.scope):
             return False
         return True
 
@@ -324,6 +334,9 @@ class Recorder:
                     return None
                 entry = r.entries.get(bname)
                 if entry is None:
+                    if bname in r._unwanted or not r.wants(bname):
+                        r._unwanted.add(bname)  # its other gradients are not asked again
+                        return None
                     entry = {"input": [], "output": []}
                     r.put(bname, entry, bparent)
                 slots = entry[io]
@@ -371,4 +384,6 @@ class Recorder:
         self.resolve()
         out = (self.entries, self.stacks, self.construct)
         self.entries, self.stacks, self.construct = {}, {}, {}
+        self._in_scope = False  # a range never runs on into the next step
+        self._unwanted = set()
         return out
