@@ -367,6 +367,12 @@ class StepAligner:
             missing=[int(x) for x in ranks[missing]], by_deadline=by_deadline,
         )
 
+    def prepare_slots(self) -> None:
+        """Idle, nothing pending: have a slot ready for each group's next step (SlotPool)."""
+        for grp in self.groups.values():
+            if not grp.slots and grp.members:
+                self.pool.prepare(len(grp.members), max(len(self.keys.get(grp.job) or ()), 1))
+
     def pending_steps(self) -> int:
         return sum(len(g.slots) for g in self.groups.values())
 

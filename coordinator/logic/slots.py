@@ -100,6 +100,12 @@ class SlotPool:
         while len(self._free) > self.keep:
             self._free.popleft()
 
+    def prepare(self, rows: int, cols: int) -> None:
+        """Between steps: make sure the next step of this shape finds a slot to take, so
+        its pages are faulted in now and not while its records arrive."""
+        if not any(slot.shape == (rows, cols) and slot.unshared() for slot in self._free):
+            self.give(StepSlot(-1, 0.0, rows, cols))
+
     def take(self, step: int, created: float, rows: int, cols: int) -> StepSlot:
         for i, slot in enumerate(self._free):
             if slot.shape == (rows, cols) and slot.unshared():

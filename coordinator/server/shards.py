@@ -131,6 +131,8 @@ class ShardService(Handlers):
             self._push(f.to_dict())
         if f.covered and self.gc is not None:
             self.gc.judged()
+        if f.covered:  # after the findings left: the next step's slot is made off its path
+            self.core.aligner.prepare_slots()
 
     def _push(self, findings: dict) -> None:
         self._verdict.shard_findings.remote(self._numbered(findings))  # not awaited: numbered, merged in order

@@ -72,3 +72,25 @@ def test_a_slot_of_another_shape_is_not_taken_and_the_pool_stays_bounded() -> No
     # Only the two newest were held: the oldest went back to the allocator.
     assert pool.take(9, 0.0, 4, 3) is slots[1] and pool.take(9, 0.0, 4, 3) is slots[2]
     assert pool.take(9, 0.0, 4, 3) not in slots
+
+
+def test_between_steps_the_next_steps_slot_is_made_ready_once():
+    pool = SlotPool(keep=4)
+    pool.prepare(4, 3)
+    pool.prepare(4, 3)  # one is ready already: nothing more is made
+    ready = pool.take(5, 1.0, 4, 3)
+    assert ready.step == 5 and pool.reused == 1 and np.isnan(ready.stats).all()
+    assert pool.take(6, 1.0, 4, 3) is not ready and pool.reused == 1  # nothing else was waiting
+
+
+def test_an_idle_aligner_prepares_a_slot_of_its_groups_shape():
+    al = StepAligner(parse_cluster({}))
+    rng = np.random.default_rng(1)
+    for r in range(3):
+        al.ingest(simulated_batch("j", r, 0, 10, rng), 0.0)
+    [(grp, kept)] = al.ready(0.0, force=True)  # a view kept for proofs: its slot is not free
+    al.prepare_slots()
+    for r in range(3):
+        al.ingest(simulated_batch("j", r, 1, 10, rng), 1.0)
+    assert al.pool.reused == 1 and kept.present.shape == (3, 10)
+    assert grp.slots[1].present is not kept.present.base
