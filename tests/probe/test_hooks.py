@@ -97,25 +97,25 @@ def test_list_of_models_gets_index_prefix(tmp_path):
     assert "Cell.1.c.Dense.parameters_grad.0" in data
 
 
-def test_data_mode_and_list_filters(tmp_path):
-    cfg = tmp_path / "c.json"
-    cfg.write_text(json.dumps({"task": "statistics", "level": "L0",
-                               "statistics": {"list": ["Cell.b."], "data_mode": ["forward"]}}))
+def filtered_dump(tmp_path, statistics: dict, level: str = "L0", sub: str = "d") -> dict:
+    """One step of Shared under a config.json with this ``statistics`` section."""
+    cfg = tmp_path / f"{sub}.json"
+    cfg.write_text(json.dumps({"task": "statistics", "level": level, "statistics": statistics}))
     net = Shared()
-    dbg = PrecisionDebugger(config_path=str(cfg), dump_path=str(tmp_path / "d"))
+    dbg = PrecisionDebugger(config_path=str(cfg), dump_path=str(tmp_path / sub))
     run(dbg, net, [net])
-    data = dump_of(tmp_path / "d")
+    dbg.close()
+    return dump_of(tmp_path / sub)
+
+
+def test_data_mode_and_list_filters(tmp_path):
+    data = filtered_dump(tmp_path, {"list": ["Cell.b."], "data_mode": ["forward"]})
     assert set(data) == {"Cell.b.Dense.forward.0"}
 
 
 @pytest.mark.parametrize("level", ["L0", "mix"])
 def test_data_mode_backward_keeps_the_backward_entries_and_writes_no_forward_ones(tmp_path, level):
-    cfg = tmp_path / "c.json"
-    cfg.write_text(json.dumps({"task": "statistics", "level": level, "statistics": {"data_mode": ["backward"]}}))
-    net = Shared()
-    dbg = PrecisionDebugger(config_path=str(cfg), dump_path=str(tmp_path / "d"))
-    run(dbg, net, [net])
-    data = dump_of(tmp_path / "d")
+    data = filtered_dump(tmp_path, {"data_mode": ["backward"]}, level)
     assert not [k for k in data if ".forward" in k], sorted(data)
     assert {"Cell.a.Dense.backward.0", "Cell.b.Dense.backward.0", "Cell.c.Dense.backward.0"} <= set(data)
     assert data["Cell.c.Dense.backward.0"]["input"][0]["shape"] == [3, 2]
@@ -126,32 +126,16 @@ def test_data_mode_backward_keeps_the_backward_entries_and_writes_no_forward_one
 def test_scope_is_the_range_from_its_start_record_to_its_end_record(tmp_path):
     # Shared runs act, a, act, b, act, c forward: the range a..b holds a, act#1 and b,
     # and no backward entry (they come after b).
-    cfg = tmp_path / "c.json"
-    cfg.write_text(json.dumps({"task": "statistics", "level": "L0",
-                               "statistics": {"scope": ["Cell.a.Dense.forward.0", "Cell.b.Dense.forward.0"]}}))
-    net = Shared()
-    dbg = PrecisionDebugger(config_path=str(cfg), dump_path=str(tmp_path / "d"))
-    run(dbg, net, [net])
-    assert set(dump_of(tmp_path / "d")) == {"Cell.a.Dense.forward.0", "Cell.act.ReLU.forward.1",
-                                            "Cell.b.Dense.forward.0"}
+    data = filtered_dump(tmp_path, {"scope": ["Cell.a.Dense.forward.0", "Cell.b.Dense.forward.0"]})
+    assert set(data) == {"Cell.a.Dense.forward.0", "Cell.act.ReLU.forward.1", "Cell.b.Dense.forward.0"}
 
 
 def test_a_backward_range_and_a_list_naming_a_forward_entry_select_as_msprobe_does(tmp_path):
-    cfg = tmp_path / "c.json"
-    cfg.write_text(json.dumps({"task": "statistics", "level": "L0",
-                               "statistics": {"scope": ["Cell.c.Dense.backward.0", "Cell.b.Dense.backward.0"]}}))
-    net = Shared()
-    dbg = PrecisionDebugger(config_path=str(cfg), dump_path=str(tmp_path / "d"))
-    run(dbg, net, [net])
+    data = filtered_dump(tmp_path, {"scope": ["Cell.c.Dense.backward.0", "Cell.b.Dense.backward.0"]})
     # c's weight gradient is recorded between the two: inside the range too.
-    assert set(dump_of(tmp_path / "d")) == {"Cell.c.Dense.backward.0", "Cell.c.Dense.parameters_grad.0",
-                                            "Cell.act.ReLU.backward.2", "Cell.b.Dense.backward.0"}
-    dbg.close()
-    cfg.write_text(json.dumps({"task": "statistics", "level": "L0",
-                               "statistics": {"list": ["Cell.b.Dense.forward.0"]}}))
-    dbg = PrecisionDebugger(config_path=str(cfg), dump_path=str(tmp_path / "e"))
-    run(dbg, net, [net])
-    assert set(dump_of(tmp_path / "e")) == {"Cell.b.Dense.forward.0"}
+    assert set(data) == {"Cell.c.Dense.backward.0", "Cell.c.Dense.parameters_grad.0",
+                         "Cell.act.ReLU.backward.2", "Cell.b.Dense.backward.0"}
+    assert set(filtered_dump(tmp_path, {"list": ["Cell.b.Dense.forward.0"]}, sub="e")) == {"Cell.b.Dense.forward.0"}
 
 
 def test_mix_level_records_cells_and_primitives(tmp_path):
