@@ -97,7 +97,7 @@ class IncidentBook:
         if event is not IncidentEvent.CUT_MOVED:
             self._since[inc.incident_id] = self.clock()  # moving the cut does not restart the pause's clock
         if inc.state in (IncidentState.EXPORTING, IncidentState.WRITTEN) and not inc.ranks:
-            inc.ranks = self._rank_snapshot(inc.job)  # the ranks as they were at the pause
+            inc.ranks = self._rank_snapshot(inc.job)  # the ranks as they were when the export began
         if any(a.kind is ActionKind.TERMINATE for a in actions):
             self.terminated_jobs.add(inc.job)
         self._queue(actions)

@@ -111,7 +111,7 @@ def files_section(incident: dict, incident_dir: Path, link: Links) -> str:
                     f'<td>{" ".join(dumps) or "—"}</td></tr>')
     if not rows:
         return muted("No ranks or bundles were recorded.", "bundles")
-    out = table("bundles", ["rank", "state at pause", "last step", "bundle (rank_N/)", "worker log",
+    out = table("bundles", ["rank", "state at export", "last step", "bundle (rank_N/)", "worker log",
                             "msProbe dump"], rows)
     if other:
         out += "<p>Other logs: " + ", ".join(link(p, p.name) for p in other) + "</p>"
