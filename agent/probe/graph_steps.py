@@ -18,6 +18,7 @@ import weakref
 from typing import Any, Callable
 
 from rankscope.probe import compile_guard
+from rankscope.wire.sync import GRAPH
 
 _patches: list[tuple[Any, str, Any]] = []
 #: What ``after`` gets for the cell of a PIJit step: nothing of rankscope runs inside
@@ -91,9 +92,9 @@ class GraphSteps:
         if not opts:
             return orig(cell, *args, **kwargs)
         self._before(cell, opts, "compiled")  # may end the previous step: a pause waits here
-        self.sync.enter("graph")
+        self.sync.enter(GRAPH)
         out = orig(cell, *args, **kwargs)
-        self.sync.leave("graph")
+        self.sync.leave(GRAPH)
         return self._after(cell, out, "compiled")
 
     def _before(self, cell: Any, opts: list, what: str) -> None:
@@ -133,14 +134,14 @@ class GraphSteps:
             return orig(ex, *args, **kwargs)
         else:
             self._before(None, opts, "jit")
-            self.sync.enter("graph")
+            self.sync.enter(GRAPH)
         out = orig(ex, *args, **kwargs)
         if counters is not None:
             opts = self._learn_kinds(fn, counters)
             if not opts:
                 return out
         else:
-            self.sync.leave("graph")
+            self.sync.leave(GRAPH)
         return self._after(JIT_STEP, out, "jit")
 
     def _learn_kinds(self, fn: Any, counters: dict) -> list:
@@ -173,7 +174,7 @@ class GraphSteps:
             opts = None if counters else []
         if opts:
             self._before(None, opts, "jit")  # may end the previous step: a pause waits here
-            self.sync.enter("graph")
+            self.sync.enter(GRAPH)
         self._pijit.append((fn, opts, counters))
 
     def pijit_leave(self, ctx: Any, ok: bool) -> None:
@@ -185,7 +186,7 @@ class GraphSteps:
                 return
             opts = self._learn_kinds(fn, counters)
         elif opts:
-            self.sync.leave("graph")
+            self.sync.leave(GRAPH)
         if opts and ok:
             self._after(PIJIT_STEP, getattr(ctx, "ret", None), "jit")
 

@@ -23,7 +23,7 @@ import os
 import sys
 from typing import Any
 
-from rankscope.wire.sync import IN, OUT, SyncPoint
+from rankscope.wire.sync import GRAPH, IN, OUT, SyncPoint
 
 _SIZE = 24  # position word, sync word, sync time (float64)
 _WORD = 8
@@ -43,7 +43,7 @@ def pack(step: int, token: int) -> int:
 
 
 #: Collective kinds the sync word can name (its code is the index; 0 is none).
-_SYNC_KINDS = ("", "AllReduce", "graph")
+_SYNC_KINDS = ("", "AllReduce", GRAPH)
 _SEQ_MAX = (1 << 24) - 1
 
 

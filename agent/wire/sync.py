@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from typing import Any
 
 IN, OUT = "in", "out"
+#: What a compiled step's sync point is called (``what``).
+GRAPH = "graph"
 _FIELDS = {"what": str, "step": int, "seq": int, "phase": str, "at": (int, float)}
 
 
@@ -50,3 +52,11 @@ class SyncPoint:
     def shifted(self, offset_s: float) -> "SyncPoint":
         """The same point with ``at`` moved onto another clock."""
         return SyncPoint(self.what, self.step, self.seq, self.phase, self.at + offset_s)
+
+
+def point_name(what: Any, seq: Any, step: Any, phase: Any = None) -> str:
+    """A sync point for people: "AllReduce #0 of step 4", "step 4's compiled graph"
+    (numbered only when a step runs several), "(in)"/"(out)" when the phase is given."""
+    name = (f"step {step}'s compiled graph" + (f" #{seq}" if seq else "")) if what == GRAPH \
+        else f"{what} #{seq} of step {step}"
+    return name + {IN: " (inside)", OUT: " (left)"}.get(phase, f" ({phase})" if phase else "")

@@ -34,7 +34,7 @@ from rankscope.coordinator.logic.detectors.common import MAX_EVIDENCE_RANKS
 from rankscope.coordinator.logic.pace import Pace
 from rankscope.coordinator.logic.stops import is_stop
 from rankscope.coordinator.logic.verdict import Verdict
-from rankscope.wire.sync import SyncPoint
+from rankscope.wire.sync import SyncPoint, point_name
 
 #: Deaths this close together are ties unless one of them is a launcher's kill.
 TIE_S = 0.05
@@ -171,8 +171,8 @@ class FailureJudge:
         coll = _collective(group, syncs, blocking, _began(group, {d.rank: d for d in deaths}))
         ranks = sorted(m.rank for m in hung)
         ev: dict[str, Any] = {
-            "rule": f"never reached {blocking.what} #{blocking.seq} of step {blocking.step}",
-            "manner": f"never reached {blocking.what} #{blocking.seq} of step {blocking.step}; "
+            "rule": f"never reached {point_name(blocking.what, blocking.seq, blocking.step)}",
+            "manner": f"never reached {point_name(blocking.what, blocking.seq, blocking.step)}; "
                       f"rank(s) {', '.join(map(str, coll['entered']))} waited there",
             "reason": "hang", "collective": coll, "failed_at": coll["waiting_since"], "followers": [],
             "last_sync": {str(r): syncs[r].to_wire() if r in syncs else None for r in ranks[:MAX_EVIDENCE_RANKS]},

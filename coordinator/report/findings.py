@@ -12,6 +12,7 @@ from typing import Any
 
 from rankscope.coordinator.report.fmt import as_float, esc, muted, num, num_cell, seconds, table, text_cell, when
 from rankscope.coordinator.report.proof import suspects
+from rankscope.wire.sync import point_name
 
 #: NaN-chain rows shown before the rest is folded away.
 CHAIN_SHOWN = 12
@@ -139,7 +140,7 @@ def failure_table(incident: dict) -> str:
 def _failure_row(rank: str, role: str, how: Any, status: Any, sig: Any, exc: Any, delay: Any, snap: dict,
                  cls: str) -> str:
     sync = snap.get("sync") or {}
-    coll = f"{sync.get('what')} #{sync.get('seq')} of step {sync.get('step')} ({sync.get('phase')})" if sync else None
+    coll = point_name(sync.get("what"), sync.get("seq"), sync.get("step"), sync.get("phase")) if sync else None
     died = when(snap["died_at"]) if snap.get("died_at") else None
     return (f'<tr class="{cls}" data-rank="{esc(rank)}"><th>rank {esc(rank)}</th><td>{esc(role)}</td>'
             f'<td>{esc(how or "—")}{"<br><code>" + esc(exc) + "</code>" if exc and exc != how else ""}</td>'

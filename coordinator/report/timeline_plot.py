@@ -9,6 +9,7 @@ from typing import Any
 
 from rankscope.coordinator.report.fmt import as_float, epoch
 from rankscope.coordinator.report.plots import NAMED_COLOUR, figure, to_svg
+from rankscope.wire.sync import point_name
 
 
 def failure_timeline_svg(incident: dict) -> str | None:
@@ -36,7 +37,7 @@ def failure_timeline_svg(incident: dict) -> str | None:
             m, = ax.plot([s_at - t0], [y[r]], marker="|", markersize=16, markeredgewidth=2.5, color="#1f4e9c",
                          linestyle="none")
             m.set_gid(f"sync-r{r}")
-            ax.annotate(f"{sync.get('what')} #{sync.get('seq')}, step {sync.get('step')} ({sync.get('phase')})",
+            ax.annotate(point_name(sync.get("what"), sync.get("seq"), sync.get("step"), sync.get("phase")),
                         (s_at - t0, y[r]), xytext=(0, 9), textcoords="offset points", ha="center", fontsize=7,
                         color="#1f4e9c")
         if d_at is not None:

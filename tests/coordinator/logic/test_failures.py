@@ -338,7 +338,7 @@ def test_a_rank_stuck_between_compiled_steps_is_named_at_the_step_it_never_reach
     clock.advance(6.0)
     [v] = [x for x in core.tick() if x.detector == "progress"]
     assert (v.rank, v.step, v.ties) == (2, 4, [])
-    assert v.evidence["manner"] == "never reached graph #0 of step 4; rank(s) 0, 1, 3 waited there"
+    assert v.evidence["manner"] == "never reached step 4's compiled graph; rank(s) 0, 1, 3 waited there"
     clock.advance(200.0)  # the hang rule does not name it a second time
     assert [x for x in core.tick() if x.detector == "progress"] == []
 
