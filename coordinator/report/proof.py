@@ -48,7 +48,10 @@ def threshold_cells(incident: dict, fields: list[str]) -> dict[str, str]:
         med, ratio = as_float(ev.get("group_median")), as_float(th.get("effective_ratio"))
         col = key_stat(incident)
         if med is not None and ratio is not None:
-            out[col] = f"> {num(med * ratio)} or < {num(med / ratio)} (median \u00d7/\u00f7 {num(ratio)})"
+            # The rule's median is taken over log values (a geometric median); with an even
+            # number of ranks it differs from the plain median the table shows, so say which.
+            out[col] = (f"> {num(med * ratio)} or < {num(med / ratio)} "
+                        f"(the group's median on a log scale, {num(med)}, \u00d7/\u00f7 {num(ratio)})")
         out["_note"] = f"and robust z > {num(th.get('z'))}"
     elif det == "replica":
         out["crc32"] = f"= {ev.get('majority_crc32') or 'majority'} (bit for bit)"
