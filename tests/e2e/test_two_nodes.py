@@ -70,11 +70,10 @@ def test_a_fault_on_the_second_node_is_named_with_every_bundle_and_the_told_host
 
 
 @pytest.mark.parametrize("fault, detector, rank, step", [
-    # A NaN in one batch on the first node: ReLU hides it from the loss and AllReduce
-    # spreads it to every rank; the origin must be named, not a receiver on the other node.
-    ("nan_batch:0:3", "nan_origin", 0, 3),
     # A rank SIGKILLed on the second node: its node's agent reports the death, the
-    # ranks left waiting at the collective on both nodes are not blamed.
+    # ranks left waiting at the collective on both nodes are not blamed. (A NaN's origin
+    # is judged from records alone, whichever node sent them: the one-node launch tests
+    # and the outlier case above cover it.)
     ("kill:2:4", "progress", 2, 4),
 ])
 def test_other_faults_across_two_nodes_name_the_origin(short_tmp, fault, detector, rank, step):
