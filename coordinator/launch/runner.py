@@ -171,10 +171,12 @@ class Launch:
         msrun writes them where its --log_dir says (or where it runs), so that folder is
         linked in as ``worker_logs``."""
         logs, link = msrun_args.log_dir(cmd, Path.cwd()), self.export_dir / "worker_logs"
-        if logs is None or logs == self.export_dir or self.export_dir in logs.parents or link.is_symlink() \
-                or link.exists():
-            return
+        if logs is None or logs == self.export_dir or self.export_dir in logs.parents or \
+                (link.exists() and not link.is_symlink()):
+            return  # inside the export folder already, or a folder of the user's own by that name
         try:
+            if link.is_symlink():
+                link.unlink()  # an earlier run's, into the same export folder
             link.symlink_to(logs, target_is_directory=True)
         except OSError as exc:  # the report then shows no worker logs; the run is unaffected
             self.say(f"could not link msrun's worker logs ({logs}) into {self.export_dir}: {exc}")
