@@ -237,3 +237,20 @@ def test_an_operator_export_is_not_called_a_divergence_of_rank_minus_one():
     lines = []
     ProgressPrinter(lines.append).update({"incidents": [inc]})
     assert lines[-1] == "EXPORT on an operator's request at step 4 (no divergence named); state exporting"
+
+
+def test_msruns_log_folder_is_linked_into_the_export_folder_and_relinked_by_a_later_run(tmp_path, monkeypatch):
+    from rankscope.coordinator.launch.runner import Launch
+    run = Launch.__new__(Launch)  # only the export folder and say() are used
+    run.export_dir, said = tmp_path / "out", []
+    run.export_dir.mkdir()
+    run.say = said.append
+    monkeypatch.chdir(tmp_path)
+    link = run.export_dir / "worker_logs"
+    run._link_worker_logs(["msrun", "--worker_num=4", "--log_dir=logs/a", "t.py"])
+    assert link.is_symlink() and link.resolve() == tmp_path / "logs" / "a"
+    run._link_worker_logs(["msrun", "--log_dir", "logs/b", "t.py"])  # the next run into the same folder
+    assert link.resolve() == tmp_path / "logs" / "b"
+    run._link_worker_logs(["msrun", "--log_dir=out/own", "t.py"])  # inside the export folder: found there
+    run._link_worker_logs(["python", "t.py"])  # not msrun
+    assert link.resolve() == tmp_path / "logs" / "b" and not said
