@@ -41,7 +41,7 @@ from rankscope.coordinator.logic.verdict import Verdict
 from rankscope.wire.layout import rank_from_wire
 from rankscope.wire.records import StepBatch
 from rankscope.wire.step_pack import StepPack
-from rankscope.wire.sync import SyncPoint
+from rankscope.wire.sync import OUT, SyncPoint
 
 log = logging.getLogger(__name__)
 
@@ -154,6 +154,8 @@ class CoordinatorCore:
             return
         rec.state = RankState.LOST
         rec.last_step = max(rec.last_step, last_step)
+        if sync is not None and (rec.sync is None or sync.key() >= rec.sync.key()):
+            rec.sync = sync  # its node agent read it after the death: fresher than its last heartbeat
         died_at = self.wall_clock() if died_at is None else died_at
         began = max((s for s in (rec.started, position[0] if position else None) if s is not None), default=None)
         rec.death = {"exit_status": exit_status, "signal": signal, "reason": reason, "exception": exception,
@@ -360,8 +362,13 @@ class CoordinatorCore:
 
 
 def _last_run(rec: RankRecord) -> int:
-    """The last step a lost rank ran through: the step before the one it had begun when it
-    died, when that is later than its records say (a step's records leave after it ends,
-    so a rank killed then never sent its last one: that step was not seen)."""
+    """The last step a lost rank ran through, when that is later than its records say (a
+    step's records leave after it ends, so a rank killed then never sent its last one:
+    that step was not seen): the step before the one it had begun when it died, or the
+    step whose last collective it had left (a compiled step is begun until the next one
+    starts, so a rank killed between them has begun only the step it finished)."""
     began = (rec.death or {}).get("began")
-    return max(rec.last_step, began - 1) if isinstance(began, int) else rec.last_step
+    out = max(rec.last_step, began - 1) if isinstance(began, int) else rec.last_step
+    if rec.sync is not None and rec.sync.phase == OUT:
+        out = max(out, rec.sync.step)
+    return out

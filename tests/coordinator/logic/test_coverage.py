@@ -9,6 +9,7 @@ from logic_helpers import FakeClock, feed_step
 from rankscope.coordinator.logic.core import CoordinatorCore
 from rankscope.coordinator.logic.coverage import Coverage, StepRanges, describe
 from rankscope.coordinator.logic.synthetic import SyntheticTraining
+from rankscope.wire.sync import OUT, SyncPoint
 
 
 def test_step_ranges_merge_in_any_order_and_name_the_gaps():
@@ -97,6 +98,22 @@ def test_a_rank_killed_before_its_last_step_left_it_has_that_step_not_seen():
     rep = core.coverage_report("j")
     assert rep["not_seen"] == [{"rank": 3, "steps": [[5, 5]]}], rep
     assert "rank 3 step 5 not seen" in describe(rep)
+
+
+def test_a_rank_killed_after_leaving_a_compiled_step_has_that_step_not_seen():
+    # GRAPH mode: a compiled step is "begun" until the next one starts, so a rank killed
+    # between steps 6 and 7 has begun step 6 only; it had left step 6's graph.
+    clock = FakeClock()
+    core = CoordinatorCore({"on_divergence": "continue"}, clock=clock)
+    synth = SyntheticTraining(ranks=4, tensors=8, job="j", seed=3)
+    for r in range(4):
+        core.on_register("j", r, {"world_size": 4})
+    for step in range(7):
+        feed_step(core, clock, [b for b in synth.batches(step) if not (b.rank == 1 and step == 6)], dt=0.1)
+    left = SyncPoint("graph", 6, 0, OUT, clock())
+    core.on_rank_lost("j", 1, 5, None, "killed by SIGKILL", signal=9, sync=left, position=(6, -1))
+    core.drain()
+    assert core.coverage_report("j")["not_seen"] == [{"rank": 1, "steps": [[6, 6]]}]
 
 
 def test_ranges_added_in_any_order_and_overlap_equal_a_plain_set():
