@@ -18,7 +18,6 @@ import time
 import uuid
 from pathlib import Path
 
-from rankscope.coordinator.launch import msrun_args
 from rankscope.coordinator.launch.env import AttachSettings, child_env
 from rankscope.coordinator.launch.paused import PausedNotice, reach_args
 from rankscope.coordinator.launch.progress import ProgressPrinter, format_verdict, watch_summary
@@ -33,6 +32,7 @@ from rankscope.coordinator.launch.watched import (
     shell_status,
     still_live,
 )
+from rankscope.coordinator.launch.worker_logs import WorkerLogLinks
 from rankscope.wire.job_state import TerminatedWatch
 from rankscope.wire.watch_line import stream_id
 
@@ -153,7 +153,7 @@ class Launch:
         if out is not None:
             out.close()  # the child holds its own descriptor
             self.say(f"command output -> {self.args.log}")
-        self._link_worker_logs(cmd)
+        self.log_links = WorkerLogLinks.for_command(cmd, Path.cwd(), self.export_dir)
         progress = self.progress = ProgressPrinter(self.say)
         paused = PausedNotice(self.say, self.job, reach_args(self.address, self.job))
         # --agent: no coordinator here; the node agent heard any terminate and is asked.
@@ -164,22 +164,9 @@ class Launch:
             if agent_watch is not None:
                 agent_watch.close()
         self.attach_watch.poll()
+        if self.log_links is not None:
+            self.log_links.poll()
         return rc
-
-    def _link_worker_logs(self, cmd: list[str]) -> None:
-        """An incident's report links each rank's worker log found in the export folder:
-        msrun writes them where its --log_dir says (or where it runs), so that folder is
-        linked in as ``worker_logs``."""
-        logs, link = msrun_args.log_dir(cmd, Path.cwd()), self.export_dir / "worker_logs"
-        if logs is None or logs == self.export_dir or self.export_dir in logs.parents or \
-                (link.exists() and not link.is_symlink()):
-            return  # inside the export folder already, or a folder of the user's own by that name
-        try:
-            if link.is_symlink():
-                link.unlink()  # an earlier run's, into the same export folder
-            link.symlink_to(logs, target_is_directory=True)
-        except OSError as exc:  # the report then shows no worker logs; the run is unaffected
-            self.say(f"could not link msrun's worker logs ({logs}) into {self.export_dir}: {exc}")
 
     def _supervise(self, agent_watch: TerminatedWatch | None, progress: ProgressPrinter,
                    paused: PausedNotice) -> int:
@@ -189,6 +176,8 @@ class Launch:
         killed_at: float | None = None
         while self.cmd_proc.poll() is None:
             self.attach_watch.poll()
+            if self.log_links is not None:
+                self.log_links.poll()
             if agent_watch is not None:
                 terminated = agent_watch.poll(time.monotonic())
                 if terminated and killed_at is None:

@@ -239,18 +239,25 @@ def test_an_operator_export_is_not_called_a_divergence_of_rank_minus_one():
     assert lines[-1] == "EXPORT on an operator's request at step 4 (no divergence named); state exporting"
 
 
-def test_msruns_log_folder_is_linked_into_the_export_folder_and_relinked_by_a_later_run(tmp_path, monkeypatch):
-    from rankscope.coordinator.launch.runner import Launch
-    run = Launch.__new__(Launch)  # only the export folder and say() are used
-    run.export_dir, said = tmp_path / "out", []
-    run.export_dir.mkdir()
-    run.say = said.append
-    monkeypatch.chdir(tmp_path)
-    link = run.export_dir / "worker_logs"
-    run._link_worker_logs(["msrun", "--worker_num=4", "--log_dir=logs/a", "t.py"])
-    assert link.is_symlink() and link.resolve() == tmp_path / "logs" / "a"
-    run._link_worker_logs(["msrun", "--log_dir", "logs/b", "t.py"])  # the next run into the same folder
-    assert link.resolve() == tmp_path / "logs" / "b"
-    run._link_worker_logs(["msrun", "--log_dir=out/own", "t.py"])  # inside the export folder: found there
-    run._link_worker_logs(["python", "t.py"])  # not msrun
-    assert link.resolve() == tmp_path / "logs" / "b" and not said
+def test_msruns_logs_are_linked_one_by_one_and_a_later_run_replaces_the_links(tmp_path):
+    from rankscope.coordinator.launch.worker_logs import WorkerLogLinks
+    out = tmp_path / "out"
+    out.mkdir()
+    # msrun's default: logs where it runs, which holds the export folder too.
+    links = WorkerLogLinks.for_command(["msrun", "--worker_num=2", "t.py"], tmp_path, out)
+    links.poll()  # nothing written yet
+    (tmp_path / "worker_0.log").write_text("step 0\n")
+    links.poll()
+    (tmp_path / "worker_1.log").write_text("step 0\n")
+    links.poll()
+    folder = out / "worker_logs"
+    assert not folder.is_symlink() and sorted(p.name for p in folder.iterdir()) == ["worker_0.log", "worker_1.log"]
+    assert (folder / "worker_1.log").read_text() == "step 0\n"
+    # A later run into the same export folder, logging elsewhere: only its own logs.
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "worker_0.log").write_text("run 2\n")
+    again = WorkerLogLinks.for_command(["msrun", "--log_dir", "logs", "t.py"], tmp_path, out)
+    again.poll()
+    assert [p.name for p in folder.iterdir()] == ["worker_0.log"] and (folder / "worker_0.log").read_text() == "run 2\n"
+    assert WorkerLogLinks.for_command(["msrun", "--log_dir=out/own", "t.py"], tmp_path, out) is None
+    assert WorkerLogLinks.for_command(["python", "t.py"], tmp_path, out) is None
