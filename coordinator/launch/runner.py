@@ -351,7 +351,9 @@ class Launch:
         from rankscope.coordinator.server.client import disconnect_ray
         if self.coordinator is not None:
             # Killed too: on a shared cluster (--address) the per-job actor must not linger.
-            self.coordinator.stop(timeout_s=10)
+            # Its shutdown first finishes the reports still being rendered (at most 30 s);
+            # killed sooner on a loaded machine, an incident was left without report.html.
+            self.coordinator.stop(timeout_s=45)
         if self.started_ray:
             disconnect_ray()
         shutil.rmtree(self.runtime_dir, ignore_errors=True)
