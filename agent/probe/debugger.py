@@ -51,7 +51,7 @@ class PrecisionDebugger:
             self.config, note = rank_config(config_path, task=task, dump_path=dump_path, level=level, step=step)
         except Exception as exc:
             # Raised into the script, as msProbe does; launch is told why this rank will never attach.
-            write_failure(resolve_rank(None)[0], f"PrecisionDebugger: {one_line(exc)}")
+            write_failure(resolve_rank(None)[0], f"PrecisionDebugger: {one_line(exc)}", raised=True)
             raise
         if note:
             say_once(note)

@@ -35,14 +35,16 @@ def one_line(exc: BaseException) -> str:
     return text if isinstance(exc, ValueError) else f"{type(exc).__name__}: {text}"
 
 
-def write_failure(rank: int | None, reason: str, env: Mapping[str, str] | None = None) -> Path | None:
+def write_failure(rank: int | None, reason: str, env: Mapping[str, str] | None = None,
+                  raised: bool = False) -> Path | None:
     """Leave the note for launch; None when not under launch or the folder is gone.
+    ``raised``: the error also went to the script (its own debugger's), which likely ends.
     Never raises: the caller is the process's start-up, which must go on."""
     folder = (os.environ if env is None else env).get(ENV_VAR)
     if not folder:
         return None
     pid = os.getpid()
-    note = {"rank": rank, "pid": pid, "host": socket.gethostname(), "reason": reason}
+    note = {"rank": rank, "pid": pid, "host": socket.gethostname(), "reason": reason, "raised": raised}
     path = Path(folder) / f"{_PREFIX}{pid}.json"
     try:
         tmp = path.with_suffix(".tmp")

@@ -49,7 +49,9 @@ class AttachWatch:
             if _who(note) in warned:
                 continue  # another process of that rank (a data-loader worker, a restart)
             warned.add(_who(note))
-            self.warn(f"{rank_name(note.get('rank'), note.get('pid'))} failed to attach and runs UNWATCHED "
+            how = ("could not attach: the error went to its script, which stops there unless it catches it"
+                   if note.get("raised") else "failed to attach and runs UNWATCHED")
+            self.warn(f"{rank_name(note.get('rank'), note.get('pid'))} {how} "
                       f"(pid {note.get('pid')} on {note.get('host')}): {note.get('reason')}")
         return new
 

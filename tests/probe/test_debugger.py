@@ -159,7 +159,8 @@ def test_a_bad_config_raises_into_the_script_and_tells_launch_why_the_rank_never
     with pytest.raises(ConfigError, match="task"):
         PrecisionDebugger(config_path=str(cfg))
     [note] = read_failures(tmp_path).values()
-    assert note["rank"] == 2 and note["reason"].startswith("PrecisionDebugger: ") and "'statistic'" in note["reason"]
+    assert note["rank"] == 2 and note["raised"] and note["reason"].startswith("PrecisionDebugger: ")
+    assert "'statistic'" in note["reason"]
 
 
 def test_forward_output_stats_equal_the_real_activation(tmp_path):

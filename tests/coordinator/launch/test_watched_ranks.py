@@ -86,6 +86,11 @@ def test_attach_watch_warns_once_per_process(tmp_path):
     assert len(watch.poll()) == 1 and watch.poll() == []
     assert len(warnings) == 1
     assert "rank 3 failed to attach and runs UNWATCHED" in warnings[0] and "'levle'" in warnings[0]
+    # A script's own debugger raised it: the rank does not run on unwatched.
+    (tmp_path / "attach-failed-1234.json").write_text(json.dumps(
+        {"rank": 5, "pid": 1234, "host": "h", "reason": "PrecisionDebugger: config field 'task'", "raised": True}))
+    watch.poll()
+    assert "rank 5 could not attach: the error went to its script" in warnings[-1], warnings
 
 
 def test_write_failure_outside_launch_is_a_no_op():
