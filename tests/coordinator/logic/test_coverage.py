@@ -83,19 +83,25 @@ def test_the_core_marks_what_it_judged_and_the_ranks_missing_by_the_deadline():
     assert rep["not_seen"] == [{"rank": 1, "steps": [[3, 4]], "dropped_steps": 2}]
 
 
+def _killed_before_its_records_left(rank: int, steps: int, **death) -> dict:
+    """A 4-rank job of ``steps`` steps whose ``rank`` sent nothing of its last one, then
+    was lost as its node agent reports it (``death``): the coverage report."""
+    clock = FakeClock()
+    core = CoordinatorCore({"on_divergence": "continue"}, clock=clock)
+    synth = SyntheticTraining(ranks=4, tensors=8, job="j", seed=rank)
+    for r in range(4):
+        core.on_register("j", r, {"world_size": 4})
+    for step in range(steps):
+        feed_step(core, clock, [b for b in synth.batches(step) if not (b.rank == rank and step == steps - 1)], dt=0.1)
+    core.on_rank_lost("j", rank, steps - 2, None, "killed by SIGKILL", signal=9, **death)
+    core.drain()
+    return core.coverage_report("j")
+
+
 def test_a_rank_killed_before_its_last_step_left_it_has_that_step_not_seen():
     # Rank 3 finished step 5 and began step 6, then was killed before its records of step
     # 5 left the process: the node agent's report says it began step 6.
-    clock = FakeClock()
-    core = CoordinatorCore({"on_divergence": "continue"}, clock=clock)
-    synth = SyntheticTraining(ranks=4, tensors=8, job="j", seed=2)
-    for r in range(4):
-        core.on_register("j", r, {"world_size": 4})
-    for step in range(6):
-        feed_step(core, clock, [b for b in synth.batches(step) if not (b.rank == 3 and step == 5)], dt=0.1)
-    core.on_rank_lost("j", 3, 4, None, "killed by SIGKILL", signal=9, position=(6, -1))
-    core.drain()
-    rep = core.coverage_report("j")
+    rep = _killed_before_its_records_left(3, 6, position=(6, -1))
     assert rep["not_seen"] == [{"rank": 3, "steps": [[5, 5]]}], rep
     assert "rank 3 step 5 not seen" in describe(rep)
 
@@ -103,17 +109,9 @@ def test_a_rank_killed_before_its_last_step_left_it_has_that_step_not_seen():
 def test_a_rank_killed_after_leaving_a_compiled_step_has_that_step_not_seen():
     # GRAPH mode: a compiled step is "begun" until the next one starts, so a rank killed
     # between steps 6 and 7 has begun step 6 only; it had left step 6's graph.
-    clock = FakeClock()
-    core = CoordinatorCore({"on_divergence": "continue"}, clock=clock)
-    synth = SyntheticTraining(ranks=4, tensors=8, job="j", seed=3)
-    for r in range(4):
-        core.on_register("j", r, {"world_size": 4})
-    for step in range(7):
-        feed_step(core, clock, [b for b in synth.batches(step) if not (b.rank == 1 and step == 6)], dt=0.1)
-    left = SyncPoint("graph", 6, 0, OUT, clock())
-    core.on_rank_lost("j", 1, 5, None, "killed by SIGKILL", signal=9, sync=left, position=(6, -1))
-    core.drain()
-    assert core.coverage_report("j")["not_seen"] == [{"rank": 1, "steps": [[6, 6]]}]
+    left = SyncPoint("graph", 6, 0, OUT, 0.0)
+    rep = _killed_before_its_records_left(1, 7, sync=left, position=(6, -1))
+    assert rep["not_seen"] == [{"rank": 1, "steps": [[6, 6]]}], rep
 
 
 def test_ranges_added_in_any_order_and_overlap_equal_a_plain_set():
