@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import queue
-import socket
 import subprocess
 import sys
 import threading
@@ -23,18 +22,13 @@ from pathlib import Path
 import zmq
 
 from rankscope.wire import protocol
+from rankscope.wire.ports import free_port  # noqa: F401 - the tests' one way to pick a port
 from rankscope.wire.protocol import Message
 from rankscope.wire.step_pack import parts_from_message
 from rankscope.wire.transport import CurveKeys, bind_router, stop_authenticator
 
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class FakeCoordinator:

@@ -81,7 +81,7 @@ def connect_ray(address: str | None, namespace: str, detached: bool, verbose: bo
     if ray.is_initialized():
         return
     if address is None and detached:
-        from rankscope.coordinator.cli.demo import free_port
+        from rankscope.wire.ports import free_port
         port = free_port()
         ray_cli = Path(sys.executable).with_name("ray")
         subprocess.run([str(ray_cli), "start", "--head", f"--port={port}", "--include-dashboard=false",

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import sys
 from pathlib import Path
 
 from rankscope.coordinator.cli import launch
 from rankscope.coordinator.launch.preflight import UsageError, writable_dir
 from rankscope.coordinator.launch.runner import ACTIONS, INCIDENT_EXIT
+from rankscope.wire.ports import free_port
 
 
 def _example() -> Path:
@@ -29,12 +29,6 @@ def _example() -> Path:
                      "checkout (make demo)")
 
 FAULTS = ("nan_batch", "scale_grad", "perturb_weight", "seed", "kill", "none")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def msrun_command(ranks: int, log_dir: Path, script: Path | None = None) -> list[str]:
