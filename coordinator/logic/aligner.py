@@ -357,6 +357,7 @@ class StepAligner:
               by_deadline: bool) -> StepView:
         table = self.keys.get(grp.job) or KeyTable()
         r, k = len(grp.members), min(len(table), slot.shape[1])
+        slot.settle(r, k)
         ranks = grp.ranks()
         return StepView(
             job=grp.job, group=grp.label, step=slot.step, ranks=ranks, live=live,

@@ -39,6 +39,16 @@ _ARRAYS: tuple[tuple[str, Any, Any, tuple[int, ...] | None], ...] = (
     ("present", False, bool, ()), ("exec", NO_EXEC, np.int64, ()), ("stats", np.nan, np.float64, (4,)),
     ("nan", 0, np.int64, ()), ("inf", 0, np.int64, ()), ("numel", 0, np.int64, ()), ("crc", NO_CRC, np.int64, ()),
 )
+#: What a reused slot refills at once; the per-cell values under ``present`` are settled
+#: when the step is judged (:meth:`StepSlot.settle`), and only where no record landed.
+_EAGER = frozenset({"reported", "token", "present"})
+_SPEC = {spec[0]: spec for spec in _ARRAYS}
+
+
+def _empty(name: str, rows: int, cols: int) -> np.ndarray:
+    """Array ``name`` of a slot of this shape, every cell empty."""
+    _, fill, dtype, tail = _SPEC[name]
+    return np.full((rows,) if tail is None else (rows, cols, *tail), fill, dtype)
 
 
 class StepSlot:
@@ -46,8 +56,9 @@ class StepSlot:
 
     def __init__(self, step: int, created: float, rows: int, cols: int) -> None:
         self.step, self.created = step, created
-        for name, fill, dtype, tail in _ARRAYS:
-            setattr(self, name, np.full((rows,) if tail is None else (rows, cols, *tail), fill, dtype))
+        self.stale = False  # cells without a record may still hold an older step's values
+        for name, *_ in _ARRAYS:
+            setattr(self, name, _empty(name, rows, cols))
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -60,12 +71,9 @@ class StepSlot:
     def grow(self, rows: int, cols: int) -> None:
         r0, c0 = self.shape
         rows, cols = max(rows, r0), max(cols, c0)
-        for name, fill, dtype, tail in _ARRAYS:
-            new = np.full((rows,) if tail is None else (rows, cols, *tail), fill, dtype)
-            if tail is None:
-                new[:r0] = getattr(self, name)
-            else:
-                new[:r0, :c0] = getattr(self, name)
+        for name, *_ in _ARRAYS:
+            new = _empty(name, rows, cols)
+            new[(slice(r0),) if new.ndim == 1 else (slice(r0), slice(c0))] = getattr(self, name)
             setattr(self, name, new)
 
     def unshared(self) -> bool:
@@ -75,9 +83,40 @@ class StepSlot:
         return all(sys.getrefcount(getattr(self, name)) == 2 for name, *_ in _ARRAYS)
 
     def reset(self, step: int, created: float) -> None:
+        # A 16k-rank slot is ~100 MB: refilling all of it cost more than its records'
+        # copy. Every record sets ``present`` with its cells, so only ``present`` (and the
+        # per-rank arrays) are refilled here and the rest waits for :meth:`settle`.
         self.step, self.created = step, created
         for name, fill, *_ in _ARRAYS:
-            getattr(self, name).fill(fill)
+            if name in _EAGER:
+                getattr(self, name).fill(fill)
+        self.stale = True
+
+    def settle(self, rows: int, cols: int) -> None:
+        """Give the cells of ``[:rows, :cols]`` that no record reached their empty values
+        (what a fresh slot holds there), before anything reads them."""
+        if not self.stale:
+            return
+        self.stale = False
+        pres = self.present[:rows, :cols]
+        full = pres.all(axis=1)
+        if full.all():
+            return
+        which = np.flatnonzero(~full)
+        # A few ranks short (one missing, one behind): their rows alone. Many (a column
+        # only some ranks record): one masked pass over the whole region.
+        few = which.shape[0] * 4 < rows
+        absent = ~pres[which] if few else ~pres
+        for name, fill, _, tail in _ARRAYS:
+            if name in _EAGER:
+                continue
+            part = getattr(self, name)[:rows, :cols]
+            if few:
+                sub = part[which]
+                sub[absent] = fill
+                part[which] = sub
+            else:
+                np.copyto(part, fill, where=absent.reshape(absent.shape + (1,) * len(tail)))
 
 
 class SlotPool:

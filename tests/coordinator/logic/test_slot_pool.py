@@ -60,7 +60,9 @@ def test_a_slot_that_a_view_still_sees_is_not_taken_again() -> None:
     assert other is not slot and kept[1, 2, 0] == 7.0
     del kept
     again = pool.take(2, 2.0, 4, 3)
-    assert again is slot and again.step == 2 and np.isnan(again.stats).all() and not again.reported.any()
+    assert again is slot and again.step == 2 and not again.reported.any() and not again.present.any()
+    again.settle(4, 3)  # what a judged step's view reads: no record reached any cell
+    assert np.isnan(again.stats).all()
 
 
 def test_a_slot_of_another_shape_is_not_taken_and_the_pool_stays_bounded() -> None:
@@ -94,3 +96,25 @@ def test_an_idle_aligner_prepares_a_slot_of_its_groups_shape():
         al.ingest(simulated_batch("j", r, 1, 10, rng), 1.0)
     assert al.pool.reused == 1 and kept.present.shape == (3, 10)
     assert grp.slots[1].present is not kept.present.base
+
+
+def test_a_reused_slot_settles_cells_no_record_reached_for_few_and_for_many_short_ranks() -> None:
+    for short in ([1], [0, 1, 2, 3, 4, 5, 6]):  # one rank short, and most of them
+        pool = SlotPool(keep=1)
+        old = StepSlot(0, 0.0, 8, 5)
+        old.present[:] = True
+        for name in ARRAYS[3:]:
+            getattr(old, name)[...] = 7
+        pool.give(old)
+        slot = pool.take(1, 1.0, 8, 5)
+        assert slot is old
+        fresh = StepSlot(1, 1.0, 8, 5)
+        for s in (slot, fresh):
+            for r in range(8):
+                cols = slice(0, 2) if r in short else slice(0, 5)
+                s.present[r, cols] = True
+                for name in ARRAYS[3:]:
+                    getattr(s, name)[r, cols] = r + 1
+        slot.settle(8, 5)
+        for name in ARRAYS:
+            np.testing.assert_array_equal(getattr(slot, name), getattr(fresh, name), err_msg=f"{name} {short}")
