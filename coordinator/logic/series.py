@@ -65,7 +65,7 @@ class SeriesRecorder:
             bad = (view.nan[:, cols] + view.inf[:, cols] > 0).any(axis=1)
             dev[bad] = np.inf
         dev[~view.reported[:n_ranks]] = np.nan  # no record is no data, not "typical"
-        self.append(view.group, [int(r) for r in view.ranks], (view.step, (loss, loss_in), (gnorm, g_in), dev))
+        self.append(view.group, view.ranks.tolist(), (view.step, (loss, loss_in), (gnorm, g_in), dev))
         self.recent.add(view)
 
     def append(self, group: str, ranks: list[int], row: tuple) -> None:

@@ -278,6 +278,7 @@ def run_ingest(ranks: int, tensors: int, steps: int, *, nodes: int | None = None
         st = _wait(coord, lambda s: _ingested(s) >= records1, timeout_s, every=0.25, stall=_ingested)
         judged_wait = _wait(coord, lambda s: (s.get("last_judged_step") or -1) >= steps - 2, 30.0,
                             must=False)
+        log(f"bench ingest: phase 1 in; {paced} paced steps, one every {pace_s} s")
         go2.set()
         # Each poll is a status call on every shard's ingest thread: gently, as the
         # latencies come from the actors' own clocks, not from when this poll saw them.

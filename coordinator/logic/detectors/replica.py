@@ -48,10 +48,13 @@ def signatures(view: StepView, cols: np.ndarray) -> np.ndarray:
 
 def _all_equal_to_first_row(view: StepView, cols: np.ndarray) -> bool:
     # Compared over every column in place, then picked: gathering ``cols`` first copied
-    # the (ranks x cols x 4) stats twice, which cost more than comparing them all.
+    # the (ranks x cols x 4) stats twice, which cost more than comparing them all. Reduced
+    # over ranks first: numpy's reduction along the long axis is vectorised, along the
+    # four stats of a cell it is not (4x slower at 16k ranks).
     bits = view.stats.view(np.uint64)
-    same = (bits == bits[:1]).all(axis=2) & (view.crc == view.crc[:1]) & (view.numel == view.numel[:1])
-    return bool(same[:, cols].all())
+    same = ((bits == bits[:1]).all(axis=0).all(axis=1) & (view.crc == view.crc[:1]).all(axis=0)
+            & (view.numel == view.numel[:1]).all(axis=0))
+    return bool(same[cols].all())
 
 
 class ReplicaDetector:
