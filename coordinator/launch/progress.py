@@ -174,6 +174,9 @@ def _other(o: dict) -> str:
     heard = o.get("heard_s")
     # What the coordinator last heard: worth a word only when it is not (nearly) the death's instant.
     stale = f", heard {heard:.1f} s before its death" if heard is not None and heard >= 0.05 else ""
+    after = o.get("died_after_s")
+    if after is not None:  # taken down after the cause: alive when the cause died
+        return f"rank {o['rank']} alive ({where}{stale}; lost {float(after):.2f} s later)"
     return f"rank {o['rank']} {o['state']} ({where}{stale})"
 
 

@@ -237,6 +237,19 @@ def test_the_others_state_says_how_long_before_the_death_it_was_heard():
     assert {o["rank"]: o["heard_s"] for o in v.evidence["others"]} == {0: 1.7, 2: 0.2}
 
 
+def test_a_rank_taken_down_after_the_cause_was_alive_when_the_cause_died():
+    # Its state at judging is "lost"; the verdict's "when it died" must not say so of it.
+    core, clock, _ = make(world=3)
+    for r in (0, 2):
+        core.on_heartbeat("j", r, 4, "running", started=5)
+    core.on_rank_lost("j", 1, 4, 1, "exited", died_at=T0)
+    core.on_rank_lost("j", 0, 4, -signal.SIGTERM, "exited", died_at=T0 + 0.4, signal=signal.SIGTERM)
+    [v] = settle(core, clock)
+    assert v.rank == 1
+    others = {o["rank"]: o for o in v.evidence["others"]}
+    assert others[0]["died_after_s"] == 0.4 and "died_after_s" not in others[2]
+
+
 def test_a_worker_reaped_by_its_own_parent_is_not_said_to_have_exited():
     # A server that Popens its workers reaps a killed one at once: the node agent finds
     # the pid gone with no status. Neither a kill nor an exit may be claimed.
