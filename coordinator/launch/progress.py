@@ -143,7 +143,9 @@ def format_verdict(incident: dict[str, Any]) -> str:
         others = ev.get("others") or []
         if others:
             # As last heard before the death: a follower listed above was still running then.
-            lines.append("  others   : when it died, " + ", ".join(_other(o) for o in others))
+            # A follower's state is "lost" by now; its delay says it was alive when the cause died.
+            delays = {f.get("rank"): f.get("delay_s") for f in followers}
+            lines.append("  others   : when it died, " + ", ".join(_other(o, delays.get(o["rank"])) for o in others))
     else:
         lines.append(f"  tensor   : {incident.get('tensor') or '—'}")
     rule = ev.get("rule")
@@ -166,7 +168,7 @@ def _delay(d: Any) -> str:
     return "—" if d is None else f"+{float(d):.2f} s"
 
 
-def _other(o: dict) -> str:
+def _other(o: dict, died_after_s: float | None = None) -> str:
     started, last = o.get("started"), o.get("last_step")
     # A serving worker that ended its last batch began nothing after it.
     where = f"done with step {last}" if started is not None and last is not None and last >= started \
@@ -174,9 +176,8 @@ def _other(o: dict) -> str:
     heard = o.get("heard_s")
     # What the coordinator last heard: worth a word only when it is not (nearly) the death's instant.
     stale = f", heard {heard:.1f} s before its death" if heard is not None and heard >= 0.05 else ""
-    after = o.get("died_after_s")
-    if after is not None:  # taken down after the cause: alive when the cause died
-        return f"rank {o['rank']} alive ({where}{stale}; lost {float(after):.2f} s later)"
+    if died_after_s is not None and died_after_s >= 0:  # taken down after the cause
+        return f"rank {o['rank']} alive ({where}{stale}; lost {float(died_after_s):.2f} s later)"
     return f"rank {o['rank']} {o['state']} ({where}{stale})"
 
 

@@ -163,10 +163,14 @@ class Launch:
         finally:
             if agent_watch is not None:
                 agent_watch.close()
+        self._poll_files()
+        return rc
+
+    def _poll_files(self) -> None:
+        """What ranks and msrun leave in files: attach failures, new worker logs to link."""
         self.attach_watch.poll()
         if self.log_links is not None:
             self.log_links.poll()
-        return rc
 
     def _supervise(self, agent_watch: TerminatedWatch | None, progress: ProgressPrinter,
                    paused: PausedNotice) -> int:
@@ -175,9 +179,7 @@ class Launch:
         peer died never reach the step boundary where they would obey)."""
         killed_at: float | None = None
         while self.cmd_proc.poll() is None:
-            self.attach_watch.poll()
-            if self.log_links is not None:
-                self.log_links.poll()
+            self._poll_files()
             if agent_watch is not None:
                 terminated = agent_watch.poll(time.monotonic())
                 if terminated and killed_at is None:

@@ -322,9 +322,6 @@ def _others(group: Group, cause: Death, deaths: list[Death],
         d = dead.get(m.rank)
         if d is not None and d.position is not None:
             row["position"] = {"step": d.position[0], "token": d.position[1]}
-        if d is not None and d.died_at >= cause.died_at:
-            # Its state now is "lost", but when the cause died it was still alive.
-            row["died_after_s"] = round(d.died_at - cause.died_at, 3)
         out.append(row)
         if len(out) >= MAX_EVIDENCE_RANKS:
             break

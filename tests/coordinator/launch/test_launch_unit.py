@@ -132,9 +132,10 @@ def test_a_crash_verdict_shows_the_token_the_others_and_later_findings():
     text = format_verdict({
         "first_diverging_rank": 1, "detector": "progress", "step": 3, "token": 1, "tensor": None, "ties": [],
         "evidence": {"failed_at": 1.0, "manner": "killed by SIGKILL while at token 1", "rule": "first to fail",
+                     "followers": [{"rank": 3, "signal": "SIGTERM", "delay_s": 0.4}],
                      "others": [{"rank": 0, "state": "running", "started": 3, "last_step": 2},
                                 {"rank": 2, "state": "finished", "started": 3, "last_step": 3, "heard_s": 0.25},
-                                {"rank": 3, "state": "lost", "started": 3, "last_step": 2, "died_after_s": 0.4}]},
+                                {"rank": 3, "state": "lost", "started": 3, "last_step": 2}]},
         "related_verdicts": [{"detector": "progress", "rank": 1, "step": 3},
                              {"detector": "nan_origin", "rank": 2, "step": 2, "token": 3, "tensor": "Cell.a.forward.1"}]})
     assert "token    : 1" in text and "how      : killed by SIGKILL while at token 1" in text
