@@ -3,7 +3,8 @@
 
 Each shard gets what node agents send it: per step, its part of every rank's records,
 packed ``--ranks-per-node`` ranks to a frame (``1``: one frame per rank, as before
-packing) and handed to the shard's core a step at a time, as its front end does."""
+packing) and handed to the shard's core a step at a time, as its front end does: a
+decoded frame is one StepPack, which the core places whole in the usual case."""
 from __future__ import annotations
 
 import argparse
@@ -15,8 +16,9 @@ import tracemalloc
 from rankscope.coordinator.logic.merge import VerdictMerge
 from rankscope.coordinator.logic.shard import ShardCore
 from rankscope.coordinator.logic.synthetic import SyntheticTraining
+from rankscope.wire import protocol
 from rankscope.wire.shards import ShardMap
-from rankscope.wire.step_pack import pack_message, parts_from_message
+from rankscope.wire.step_pack import StepPack, pack_message, record_count
 
 #: Bytes one (rank, column) cell of one pending step costs in a StepSlot: present (1),
 #: exec/nan/inf/numel/crc (5 x 8), stats (4 x 8).
@@ -47,7 +49,7 @@ def _shard(sim, parts: list[list], shard: int, ranks: int, mem: bool) -> dict:
         findings.append(core.judge())
         wall, cpu = wall + time.perf_counter() - t0, cpu + time.process_time() - c0
         clock[0] += 0.01
-    out = {"records": sum(len(b) for bs in parts for b in bs), "wall": wall, "cpu": cpu, "findings": findings,
+    out = {"records": record_count([b for bs in parts for b in bs]), "wall": wall, "cpu": cpu, "findings": findings,
            "columns": len(core.aligner.keys[sim.job])}
     if mem:
         out["mem_now"], out["mem_peak"] = tracemalloc.get_traced_memory()
@@ -77,14 +79,16 @@ def _window(sim, parts: list[list], ranks: int, window: int) -> float:
 
 
 def _packed(batches: list, per_node: int) -> list:
-    """The batches as a shard takes them out of node agents' STEPS frames (packing is the
-    agents' work: done here before any clock starts)."""
+    """The batches as a shard's front end hands them to its core: one decoded StepPack per
+    node agent's STEPS frame (packing, encoding and decoding are done here, before any
+    clock starts: the agents' work and the front end's, timed by ``bench ingest``)."""
     if per_node <= 1:
         return batches
     out = []
+    dec = protocol.Decoder(job=batches[0].job) if batches else None
     for i in range(0, len(batches), per_node):
         chunk = [(f"rank:{b.rank}", 0, b) for b in batches[i:i + per_node]]
-        out += [b for _, _, b in parts_from_message(pack_message(chunk[0][2].job, "node", 0, chunk))]
+        out.append(StepPack(dec.decode(protocol.encode(pack_message(chunk[0][2].job, "node", 0, chunk)))))
     return out
 
 
