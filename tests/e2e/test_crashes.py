@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from report_dom import CHROMIUM, NO_CHROMIUM, check_verdict_marks, dom, section
 
 from rankscope.coordinator.cli.demo import msrun_command
 
@@ -67,6 +68,13 @@ def test_the_rank_that_died_first_is_named_not_its_victims(tmp_path, fault, step
     # The report links every rank's worker log, from msrun's --log_dir outside the export folder.
     html = (inc["_dir"] / "report.html").read_text()
     assert all(f'msrun_logs/worker_{r}.log"' in html for r in range(RANKS)), explain
+    # As a browser lays it out: the verdict marked at the named step, the lost step
+    # outlined on the heatmap, and the failure timeline drawn.
+    if CHROMIUM is None:
+        pytest.skip(f"the verdict was checked; report.html was not: {NO_CHROMIUM}")
+    page = dom(inc["_dir"] / "report.html")
+    check_verdict_marks(page, rank, step)
+    assert 'id="missing-step"' in section(page, "heatmap") and 'id="failure-timeline"' in page
 
 
 def test_a_rank_that_hangs_before_the_allreduce_is_named_not_the_rank_that_timed_out(tmp_path):
