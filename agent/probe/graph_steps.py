@@ -24,8 +24,9 @@ _patches: list[tuple[Any, str, Any]] = []
 #: What ``after`` gets for the cell of a PIJit step: nothing of rankscope runs inside
 #: the call, so its end is the step's end.
 PIJIT_STEP = object()
-#: The same for an @ms.jit step (PyNative): the optimizer hooks that end an eager step
-#: are kept out of the compiled graph (compile_guard), so the call's end is the step's.
+#: The same for an @ms.jit step (a function, in PyNative or GRAPH mode): the optimizer
+#: hooks that end an eager step are kept out of the compiled graph (compile_guard), so
+#: the call's end is the step's.
 JIT_STEP = object()
 _active: list["GraphSteps"] = []
 
@@ -46,7 +47,7 @@ class GraphSteps:
         self.steps = 0
         self.enabled = True
         self._kinds: "weakref.WeakKeyDictionary[Any, list]" = weakref.WeakKeyDictionary()
-        #: @ms.jit functions (PyNative) -> the optimizers they step ([] = not a step).
+        #: @ms.jit functions -> the optimizers they step ([] = not a step).
         self._jit_kinds: "weakref.WeakKeyDictionary[Any, list]" = weakref.WeakKeyDictionary()
         #: The optimizers the script made (the sentinels' constructor patch sees them).
         self.known_optimizers: Callable[[], list] = lambda: []
@@ -114,7 +115,9 @@ class GraphSteps:
         return out
 
     def run_jit(self, ex: Any, orig: Callable, args: tuple, kwargs: dict) -> Any:
-        """An @ms.jit call in PyNative: a training step when it steps an optimizer.
+        """An @ms.jit function called from Python: a training step when it steps an
+        optimizer. In GRAPH mode too: a script may set GRAPH mode and still drive its
+        steps with a jit function, not a Cell (the call is compiled the same way).
 
         Whether it does is learnt on its first call, from the optimizers' step counters
         (``global_step``, advanced by every optimizer call): one scalar read, once."""
@@ -229,7 +232,7 @@ def _install() -> None:
 
     def __call__(ex, *args, **kwargs):  # noqa: ANN001, N807
         cur = _active[-1] if _active else None
-        if cur is None or _graph_mode():
+        if cur is None:
             return orig_call(ex, *args, **kwargs)
         return cur.run_jit(ex, orig_call, args, kwargs)
 
@@ -237,11 +240,6 @@ def _install() -> None:
     _patches.append((_JitExecutor, "__call__", orig_call))
     _JitExecutor.__call__ = __call__
     compile_guard.api_wrapped(_JitExecutor, "__call__", __call__, orig_call)
-
-
-def _graph_mode() -> bool:
-    from mindspore import context
-    return context._get_mode() == context.GRAPH_MODE  # noqa: SLF001
 
 
 def _restore() -> None:

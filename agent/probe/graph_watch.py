@@ -137,7 +137,7 @@ class GraphWatch:
 
     def _after(self, cell: Any, output: Any) -> None:
         self._graph_in_step = True
-        if cell is JIT_STEP or cell is PIJIT_STEP:  # an @ms.jit training step inside PyNative
+        if cell is PIJIT_STEP or (cell is JIT_STEP and not graph_mode()):  # a jit step inside PyNative
             self.report.jit_steps += 1
         else:
             self.report.graph_steps += 1

@@ -1,5 +1,5 @@
 """Zero-code attach on compiled code: GRAPH-mode training steps in the styles people
-write them, and @ms.jit inside PyNative. Real MindSpore in a subprocess started the way
+write them (a jit step function among them), and @ms.jit inside PyNative. Real MindSpore in a subprocess started the way
 ``rankscope launch`` starts ranks. The job must run exactly as it does unprobed (same
 losses, a user's own hook kept), and the rank must say how it is watched."""
 from __future__ import annotations
@@ -20,7 +20,7 @@ SCRIPT = textwrap.dedent("""
     import mindspore as ms
     from mindspore import nn, ops
     STYLE = sys.argv[1]
-    ms.set_context(mode=ms.PYNATIVE_MODE if STYLE.endswith(("jit", "_fn", "_cell")) else ms.GRAPH_MODE)
+    ms.set_context(mode=ms.PYNATIVE_MODE if STYLE in ("pijit", "jit_fn", "jit_cell") else ms.GRAPH_MODE)
     ms.set_device("CPU")
     ms.set_seed(3)
 
@@ -90,7 +90,7 @@ SCRIPT = textwrap.dedent("""
             loss = step(x, y)
         elif STYLE == "pijit":
             loss = pijit_step(x, y)
-        elif STYLE == "jit_fn":
+        elif STYLE in ("jit_fn", "graph_jit_fn"):
             loss = jit_step(x, y)
         else:  # jit_cell: compiled forward, eager backward and optimizer
             loss, grads = grad_fn(x, y)
@@ -119,6 +119,8 @@ def run(tmp_path: Path, style: str, attach: bool) -> tuple[dict, str]:
     ("functional", "GRAPH mode, watched through"),
     ("cell", "GRAPH mode, watched through"),
     ("jit_fn", "PyNative+jit mode, watched through the kernel dump"),
+    # GRAPH mode set, the step still a jit function: compiled the same way, and a step.
+    ("graph_jit_fn", "GRAPH mode, watched through the kernel dump"),
     ("jit_cell", "PyNative+jit mode, watched through hooks"),
     # PIJit: rankscope stays out of the captured frames (bit-identical losses), the step
     # is watched from outside the call and the line says what that leaves unseen.
@@ -165,3 +167,4 @@ def test_a_scripts_own_l0_debugger_on_a_compiled_step_is_told_what_its_dump_hold
     assert proc.returncode == 0, proc.stderr[-3000:]
     said = [ln for ln in proc.stderr.splitlines() if "this step runs compiled" in ln]
     assert len(said) == 1 and "level L0 dumps Cells" in said[0] and holds in said[0], proc.stderr[-2000:]
+
