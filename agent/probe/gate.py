@@ -57,8 +57,9 @@ class StepGate:
         self.hold_at: int | None = None  # PAUSED: block before this step starts (None: next boundary)
         #: The step this rank last began (training thread; one int store per boundary).
         self.started: int | None = None
-        #: Set before a process's last boundary (a serving worker ending its final batch
-        #: at exit): no step begins after it, so ``started`` stays on the one that ended.
+        #: Set before a process's last boundary, ended from an exit handler (a compiled
+        #: step settled at exit, a serving worker's final batch): no step begins after it,
+        #: so ``started`` stays on the one that ended, and nothing holds it there.
         self.closing = False
         self._on_state = on_state  # told when the rank blocks/unblocks, for status
         self.exit_on_terminate = exit_on_terminate
@@ -100,6 +101,13 @@ class StepGate:
         nxt = step if self.closing else step + 1
         if self.started is None:
             self.started = step  # the first boundary: this rank was inside ``step``
+        if self.closing:
+            # The process is leaving (often on an error: a collective that timed out). A
+            # pause or a termination must not hold or re-route its exit: its launcher
+            # tears the job down when a rank ends, and a rank held here keeps every
+            # other rank of the job waiting on it.
+            self.started = nxt
+            return
         if self.state is GateState.RUNNING:
             self.started = nxt
             return

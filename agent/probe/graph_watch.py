@@ -71,6 +71,7 @@ class GraphWatch:
         if r.silent or self.dbg.closed:
             return
         try:
+            self.dbg.gate.closing = True
             self._settle()  # the last step, whether or not the watch line was said at an earlier one
             if r.said is not None:
                 return

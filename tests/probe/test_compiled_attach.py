@@ -168,3 +168,43 @@ def test_a_scripts_own_l0_debugger_on_a_compiled_step_is_told_what_its_dump_hold
     said = [ln for ln in proc.stderr.splitlines() if "this step runs compiled" in ln]
     assert len(said) == 1 and "level L0 dumps Cells" in said[0] and holds in said[0], proc.stderr[-2000:]
 
+
+FAILS_WHILE_PAUSED = textwrap.dedent("""
+    import numpy as np
+    import mindspore as ms
+    from mindspore import nn
+    from rankscope.probe.debugger import PrecisionDebugger
+    ms.set_context(mode=ms.GRAPH_MODE)
+    ms.set_device("CPU")
+    net = nn.Dense(6, 1)
+    opt = nn.SGD(net.trainable_params(), learning_rate=0.05)
+    grad_fn = ms.value_and_grad(nn.WithLossCell(net, nn.MSELoss()), None, opt.parameters)
+
+    @ms.jit
+    def step(x, y):
+        loss, grads = grad_fn(x, y)
+        opt(grads)
+        return loss
+
+    for i in range(3):
+        step(ms.Tensor(np.ones((4, 6), np.float32)), ms.Tensor(np.zeros((4, 1), np.float32)))
+    # The coordinator pauses the job (every boundary from now on holds), then this rank
+    # fails before its next step, as one whose collective timed out does.
+    PrecisionDebugger.current.gate.pause("incident-1")
+    raise RuntimeError("collective timed out")
+""")
+
+
+def test_a_paused_compiled_rank_that_fails_exits_as_it_would_unprobed(tmp_path):
+    # Its last step ends in an exit handler; held there by the pause, the process would
+    # never exit and its launcher would never take the job down.
+    path = tmp_path / "train.py"
+    path.write_text(FAILS_WHILE_PAUSED)
+    env = dict(os.environ)
+    env.pop("RANKSCOPE_AGENT", None)
+    env.update({"RANKSCOPE_ATTACH": "1", "RANKSCOPE_DUMP_PATH": str(tmp_path / "dump"),
+                "PYTHONPATH": os.pathsep.join([str(REPO / "agent" / "_attach"), str(REPO)]), "GLOG_v": "3"})
+    proc = subprocess.run([sys.executable, str(path)], env=env, cwd=tmp_path, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 1 and "RuntimeError: collective timed out" in proc.stderr, proc.stderr[-3000:]
+    assert "GRAPH mode, watched through the kernel dump" in proc.stderr, proc.stderr[-3000:]

@@ -100,3 +100,28 @@ def test_a_termination_nobody_catches_ends_the_rank_with_one_line_not_a_tracebac
                       "raise ValueError('bad batch')\n")
     other = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
     assert other.returncode == 1 and "Traceback" in other.stderr and "ValueError: bad batch" in other.stderr
+
+
+def test_a_leaving_process_is_never_held_nor_terminated_at_its_last_boundary() -> None:
+    # The last step of a compiled job ends in an exit handler, often after an error (a
+    # collective that timed out): held there, the rank would never exit and its launcher
+    # would never tear the job down.
+    for order in (lambda g: g.pause("inc", at=2), lambda g: g.pause("inc"), lambda g: g.terminate("inc")):
+        gate = StepGate()
+        for s in range(3):
+            gate.at_step_boundary(s)
+        order(gate)
+        gate.closing = True
+        done = threading.Event()
+        t = threading.Thread(target=lambda: (gate.at_step_boundary(3), done.set()), daemon=True)
+        t.start()
+        assert done.wait(5), "the leaving process was held at its last boundary"
+        assert gate.started == 3 and gate.waiting_at is None
+    # A live rank at the same boundary still holds.
+    gate = StepGate()
+    gate.pause("inc", at=4)
+    t = _train(gate, 6, log := [])
+    _wait(lambda: gate.waiting_at == 3)
+    gate.resume()
+    t.join(10)
+    assert log == list(range(6))
