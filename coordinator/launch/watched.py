@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from rankscope.wire.attach_report import read_failures, read_notes
+from rankscope.wire.watch_line import UNWATCHED
 
 #: Exit status when the command succeeded but some or all of its ranks ran unwatched
 #: (and the user did not pass --allow-unwatched): the run was not what was asked for.
@@ -79,6 +80,29 @@ def attached_ranks(status: dict[str, Any] | None) -> list[int]:
     return sorted(int(r) for r, info in ranks.items() if heard_from(info or {}))
 
 
+#: How a rank that attached but was not watched is named in the closing line.
+NO_STEP_SEEN = "attached, no step seen"
+SAYS_UNWATCHED = "attached, not watched: its watch line says why"
+
+
+def unseen_attached(status: dict[str, Any] | None) -> dict[int, str]:
+    """Ranks that attached but were not watched, and how: the rank said so (its watch
+    line), or it ran to its end without one step reaching the coordinator (its training
+    step was never recognised). A rank lost before its first step is not among them:
+    its death is what was seen of it."""
+    out = {}
+    for r, info in ((status or {}).get("ranks") or {}).items():
+        info = info or {}
+        if not heard_from(info):
+            continue
+        w, step = info.get("watch"), info.get("step")
+        if isinstance(w, dict) and w.get("how") == UNWATCHED:
+            out[int(r)] = SAYS_UNWATCHED
+        elif info.get("state") == "finished" and not (isinstance(step, int) and step >= 0):
+            out[int(r)] = NO_STEP_SEEN
+    return out
+
+
 def silent_ranks(status: dict[str, Any] | None) -> list[int]:
     """Ranks the job's world size promises that never said a word."""
     ranks = (status or {}).get("ranks") or {}
@@ -136,12 +160,14 @@ class WatchedRanks:
     @classmethod
     def of(cls, status: dict[str, Any] | None, failures: dict[int, dict[str, Any]]) -> "WatchedRanks":
         status = status or {}
-        watched = attached_ranks(status)
+        blind = unseen_attached(status)
+        watched = [r for r in attached_ranks(status) if r not in blind]
         # A process that failed once and attached later (a restarted worker) is watched.
         unwatched = list({_who(n): n for n in failures.values()
                           if n.get("rank") is None or int(n["rank"]) not in watched}.values())
         noted = {n.get("rank") for n in unwatched}
         unwatched += [{"rank": r, "reason": "never attached"} for r in silent_ranks(status) if r not in noted]
+        unwatched += [{"rank": r, "reason": how} for r, how in sorted(blind.items()) if r not in noted]
         judged = status.get("last_judged_step")
         return cls(watched, unwatched, judged if isinstance(judged, int) and judged >= 0 else None,
                    partly_seen(status, watched))
@@ -163,7 +189,7 @@ NONE_ATTACHED = ("no rank attached (did the command start MindSpore processes, a
 def end_of_run_line(cov: WatchedRanks, rc: int, found_divergence: bool) -> str:
     """The closing line; claims nothing about ranks or steps that were not watched."""
     tail = f"command exited with {rc}"
-    missed = ", ".join(f"{rank_name(n.get('rank'), n.get('pid'))} ({_how_missed(n)})" for n in cov.unwatched)
+    missed = _missed_text(cov.unwatched)
     if not cov.watched:
         why = f"UNWATCHED: {missed}" if missed else NONE_ATTACHED
         return f"NOTHING WAS WATCHED: {why}; {tail}"
@@ -179,7 +205,21 @@ def end_of_run_line(cov: WatchedRanks, rc: int, found_divergence: bool) -> str:
 
 
 def _how_missed(note: dict[str, Any]) -> str:
-    return "never attached" if note.get("reason") == "never attached" else "failed to attach"
+    why = note.get("reason")
+    return why if why in ("never attached", NO_STEP_SEEN, SAYS_UNWATCHED) else "failed to attach"
+
+
+def _missed_text(notes: list[dict[str, Any]]) -> str:
+    """The unwatched, ranks missed the same way as one span (``ranks 0-3 (never
+    attached)``), so a large job's line stays short; a process without a rank id alone."""
+    by_how: dict[str, list[int]] = {}
+    parts = []
+    for n in notes:
+        if n.get("rank") is None:
+            parts.append(f"{rank_name(None, n.get('pid'))} ({_how_missed(n)})")
+        else:
+            by_how.setdefault(_how_missed(n), []).append(int(n["rank"]))
+    return ", ".join([f"{rank_span(ranks)} ({how})" for how, ranks in by_how.items()] + parts)
 
 
 def shell_status(returncode: int) -> int:

@@ -162,3 +162,22 @@ def test_a_command_killed_by_a_signal_exits_as_a_shell_says_it():
     assert proc.returncode == -signal.SIGKILL
     assert shell_status(proc.returncode) == 137  # not 247, what exiting with -9 shows
     assert shell_status(3) == 3 and shell_status(0) == 0
+
+
+def test_ranks_that_attached_but_showed_no_step_are_not_called_watched():
+    # A training step rankscope did not recognise: every rank attached, ran to its end
+    # and never sent a step. "No divergence in 4 of 4 watched" would be a claim about nothing.
+    done = {"state": "finished", "step": -1, "pid": 100}
+    cov = WatchedRanks.of(status({str(r): done for r in range(4)}, judged=None), {})
+    line = end_of_run_line(cov, 0, found_divergence=False)
+    assert line == "NOTHING WAS WATCHED: UNWATCHED: ranks 0-3 (attached, no step seen); command exited with 0"
+    assert exit_status(cov, 0, allow_unwatched=False) == UNWATCHED_EXIT
+    # One rank says it is not watched; one died before its first step (that death is
+    # what was seen of it: it stays watched); the rest ran.
+    says = {**RUNNING, "state": "finished", "watch": {"mode": "unknown", "how": "not watched", "reason": "x"}}
+    died = {"state": "lost", "step": -1, "pid": 103}
+    cov = WatchedRanks.of(status({"0": RUNNING, "1": says, "2": RUNNING, "3": died}), {})
+    assert cov.watched == [0, 2, 3]
+    line = end_of_run_line(cov, 1, found_divergence=False)
+    assert "3 of 4 rank(s) watched (ranks 0, 2, 3)" in line
+    assert "UNWATCHED: rank 1 (attached, not watched: its watch line says why)" in line
