@@ -47,6 +47,18 @@ QUEUE_MAX_BYTES = 64 << 20
 CONNECT_GRACE_S = 2.0
 
 
+def error_line(value: BaseException, limit: int = 500) -> str:
+    """An uncaught exception as the one line a verdict shows: its repr, or, for a message
+    of several lines (MindSpore frames its kernel errors in banners and call stacks), its
+    type and the first two lines that say something."""
+    text = str(value)
+    if "\n" not in text:
+        return repr(value)[:limit]
+    said = [ln.strip().lstrip("- ").strip() for ln in text.splitlines()]
+    said = [ln for ln in said if ln and set(ln) - set("-=*#~ ")]
+    return f"{type(value).__name__}: {' '.join(said[:2])}"[:limit]
+
+
 def batch_bytes(batch: StepBatch) -> int:
     """What a queued step holds, near enough (its arrays; names are few after step 0)."""
     return 73 * len(batch) + 64
@@ -163,7 +175,7 @@ class AgentClient:
 
         def hook(tp, value, tb):
             if not issubclass(tp, (SystemExit, RankscopeTerminated)):
-                self.dying(repr(value)[:500])
+                self.dying(error_line(value))
             prev(tp, value, tb)
         sys.excepthook = hook
 

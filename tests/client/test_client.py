@@ -318,3 +318,12 @@ def test_collect_streams_this_ranks_selected_dump_files(tmp_path):
     finally:
         c.close(timeout=0.5)
         stub.close()
+
+
+def test_an_uncaught_error_is_said_in_one_readable_line():
+    from rankscope.client.agent_client import error_line
+    framed = RuntimeError("\n" + "-" * 52 + "\n- Kernel error:\n" + "-" * 52 + "\nLaunch kernel failed: "
+                          "Default/AllReduce-op13\n" + "-" * 52 + "\n- The Function Call Stack:\nIn file a.py:3")
+    assert error_line(framed) == "RuntimeError: Kernel error: Launch kernel failed: Default/AllReduce-op13"
+    assert error_line(ValueError("bad batch")) == "ValueError('bad batch')"
+    assert len(error_line(ValueError("x" * 2000))) == 500
