@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -155,18 +156,58 @@ def test_a_crash_filed_under_an_earlier_incident_says_how_the_rank_failed():
     assert "also     : progress names rank 0 at step 3, token 1 (killed by SIGKILL while at token 1)" in text
 
 
-def test_agent_mode_joins_the_hosts_agent_and_returns_the_command_status(tmp_path):
+def _config_answering_agent(endpoint: str, config: dict, stop: threading.Event) -> threading.Thread:
+    """This host's node agent as launch --agent sees it: a real socket answering launch's
+    job-config question with ``config`` (what a node agent relays from its coordinator)."""
+    import zmq
+
+    from rankscope.wire import job_config, protocol
+    from rankscope.wire.transport import bind_router
+    ctx = zmq.Context()
+    sock, _ = bind_router(ctx, endpoint)
+
+    def serve() -> None:
+        dec = protocol.Decoder()
+        try:
+            while not stop.is_set():
+                if not sock.poll(100):
+                    continue
+                ident, frame = sock.recv_multipart()
+                msg = dec.decode(frame)
+                if msg is not None and msg.body.get("what") == job_config.WHAT:
+                    answer = protocol.Message(protocol.STATUS, msg.job, "agent", 0, job_config.body(config))
+                    sock.send_multipart([ident, protocol.encode(answer)])
+        finally:
+            sock.close(linger=0)
+            ctx.term()
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    return t
+
+
+def test_agent_mode_joins_the_hosts_agent_and_returns_the_command_status(short_tmp):
     # Multi-node (Slurm, bare metal, k8s): no Ray, no coordinator, no agent of its own;
-    # the ranks get the host agent's endpoint and the job id every node shares.
-    code = ("import os, sys; print(os.environ['RANKSCOPE_AGENT'], os.environ['RANKSCOPE_JOB'], "
-            "os.environ['RANKSCOPE_ATTACH']); sys.exit(3)")
-    out = subprocess.run([sys.executable, "-m", "rankscope", "launch", "--agent", "ipc:///run/x.sock",
-                          "--job", "j42", "--export-dir", str(tmp_path), "--", sys.executable, "-c", code],
-                         capture_output=True, text=True, timeout=120)
+    # the ranks get the host agent's endpoint, the job id every node shares and the
+    # coordinator's job config, relayed by that agent.
+    from rankscope.config.job import job_config
+    endpoint, stop = f"ipc://{short_tmp}/agent.sock", threading.Event()
+    agent = _config_answering_agent(endpoint, job_config(None, "continue"), stop)
+    code = ("import json, os, sys; print(os.environ['RANKSCOPE_AGENT'], os.environ['RANKSCOPE_JOB'], "
+            "os.environ['RANKSCOPE_ATTACH'], json.load(open(os.environ['RANKSCOPE_CONFIG']))['cluster']"
+            "['on_divergence']); sys.exit(3)")
+    try:
+        out = subprocess.run([sys.executable, "-m", "rankscope", "launch", "--agent", endpoint, "--job", "j42",
+                              "--export-dir", str(short_tmp / "out"), "--", sys.executable, "-c", code],
+                             capture_output=True, text=True, timeout=120)
+    finally:
+        stop.set()
+        agent.join(5)
     assert out.returncode == 3, out.stderr
-    assert "ipc:///run/x.sock j42 1" in out.stdout
+    assert f"{endpoint} j42 1 continue" in out.stdout, out.stdout
     assert "coordinator up" not in out.stdout and "node agent listening" not in out.stdout
     assert "attaching ranks to this host's node agent" in out.stdout
+    assert "ranks take the coordinator's job config" in out.stdout
 
 
 def test_agent_mode_requires_a_shared_job_id(tmp_path):
