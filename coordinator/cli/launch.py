@@ -121,6 +121,10 @@ def main(argv: list[str]) -> int:
         launch.stop_command()
         print(f"[rankscope] interrupted: the job's processes are stopped; what was recorded is in "
               f"{launch.export_dir}", file=sys.stderr)
+        try:
+            launch.finish_interrupted()
+        except KeyboardInterrupt:  # interrupted again: leave at once
+            pass
         return 130
     finally:
         launch.cleanup()

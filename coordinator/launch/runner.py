@@ -43,6 +43,8 @@ ACTIONS = ("pause", "export", "terminate", "continue")
 #: ended (its liveness checks take well under a second; a rank that outlives its command
 #: is not waited for longer than this).
 ENDS_WAIT_S = 5.0
+#: An interrupted launch's last word: how long the coordinator may finish open incidents.
+INTERRUPTED_DRAIN_S = 3.0
 
 
 def print_loud(msg: str) -> None:
@@ -275,6 +277,21 @@ class Launch:
         terminated = any(inc.get("policy") == "terminate" or inc.get("state") == "terminated"
                          for inc in incidents)
         return INCIDENT_EXIT if terminated and rc != 0 else rc
+
+    def finish_interrupted(self) -> None:
+        """Interrupted (Ctrl-C, SIGTERM) with the command stopped: what was found so far,
+        and coverage.json written, as at a normal end but briefly (whoever interrupted
+        wants the launcher gone; a second interrupt skips it)."""
+        if self.coordinator is None:
+            return
+        try:
+            incidents = self.coordinator.drain(INTERRUPTED_DRAIN_S, timeout=INTERRUPTED_DRAIN_S + 10)
+            status = self.coordinator.status(timeout=5)
+        except Exception:  # noqa: BLE001 - the export folder holds what was written
+            return
+        self.say(self.watched_line(status))
+        for inc in incidents:
+            print(format_verdict(inc), flush=True)
 
     def watched_line(self, status: dict | None) -> str:
         """What the verdict (or its absence) covers, from the coordinator's coverage."""

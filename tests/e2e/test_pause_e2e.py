@@ -145,5 +145,9 @@ def test_ctrl_c_on_a_paused_launch_leaves_no_process_of_the_job(tmp_path):
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert f"what was recorded is in {out}" in log.read_text()
+    printed = log.read_text()
+    assert f"what was recorded is in {out}" in printed
     assert list((out / "incidents").glob("*/incident.json"))  # the incident written before stays
+    # What was found and what it stands on are still said and written, as at a normal end.
+    assert "rankscope verdict: rank" in printed and "watched steps 0-" in printed, printed[-3000:]
+    assert json.loads((out / "coverage.json").read_text()), printed[-3000:]
