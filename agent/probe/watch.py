@@ -39,10 +39,12 @@ PIJIT_UNSEEN = "nothing inside jit(capture_mode=\"bytecode\") calls is seen: ran
 
 
 #: Why a rank's own gradient fault can go unseen: gradients reduced by the script itself
-#: (ops.AllReduce, a custom Cell) are recorded only as the optimizer gets them, after the
-#: reduction made them the same on every replica.
-GRADS_UNSEEN = ("no nn.DistributedGradReducer: gradients are recorded as the optimizer gets them, "
-                "after the script's own reduction; a rank's local gradients before it are not seen")
+#: (ops.AllReduce, a custom Cell) are recorded as the optimizer gets them, after the
+#: reduction made them the same on every replica. The backward's own gradients are still
+#: seen by the Cell hooks; what the script does to them on the way (clipping, scaling,
+#: its reduction) is not.
+GRADS_UNSEEN = ("no nn.DistributedGradReducer: the optimizer's gradients are recorded after the script's "
+                "own reduction, and what the script does to a rank's gradients before it is not seen")
 
 
 class WatchReporter:
