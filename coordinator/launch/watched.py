@@ -176,10 +176,10 @@ class WatchedRanks:
     def complete(self) -> bool:
         return (self.watched is None or bool(self.watched)) and not self.unwatched
 
-    def ranks_text(self) -> str:
+    def ranks_text(self, word: str = "watched") -> str:
         watched = self.watched or []
         ids = rank_span(watched)
-        return f"{len(watched)} of {len(watched) + len(self.unwatched)} rank(s) watched" + (f" ({ids})" if ids else "")
+        return f"{len(watched)} of {len(watched) + len(self.unwatched)} rank(s) {word}" + (f" ({ids})" if ids else "")
 
 
 NONE_ATTACHED = ("no rank attached (did the command start MindSpore processes, and wait for them rather than "
@@ -193,9 +193,13 @@ def end_of_run_line(cov: WatchedRanks, rc: int, found_divergence: bool) -> str:
     if not cov.watched:
         why = f"UNWATCHED: {missed}" if missed else NONE_ATTACHED
         return f"NOTHING WAS WATCHED: {why}; {tail}"
-    steps = (f", steps through {cov.last_judged_step} compared" if cov.last_judged_step is not None
-             else ", no step was compared")
     missed = f"; UNWATCHED: {missed}" if missed else ""
+    if cov.last_judged_step is None:
+        # Ranks that attached and died before any step of theirs was compared: attached
+        # (their deaths were seen), not "watched" next to a coverage line saying nothing was.
+        said = f"{cov.ranks_text('attached')}, no step was compared{missed}"
+        return said if found_divergence else f"no divergence judged: {said}; {tail}"
+    steps = f", steps through {cov.last_judged_step} compared"
     if found_divergence:
         return f"{cov.ranks_text()}{steps}{missed}"
     # "No divergence" covers only what was seen: a rank whose watch line names a blind

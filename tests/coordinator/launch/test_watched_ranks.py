@@ -181,3 +181,14 @@ def test_ranks_that_attached_but_showed_no_step_are_not_called_watched():
     line = end_of_run_line(cov, 1, found_divergence=False)
     assert "3 of 4 rank(s) watched (ranks 0, 2, 3)" in line
     assert "UNWATCHED: rank 1 (attached, not watched: its watch line says why)" in line
+
+
+def test_ranks_lost_before_any_step_was_compared_are_attached_not_watched():
+    # A rank's data loader killed it before its first step and msrun took the rest down:
+    # the deaths were seen, no step was; "4 of 4 watched" would contradict the coverage.
+    lost = {"state": "lost", "step": -1, "pid": 100}
+    cov = WatchedRanks.of(status({str(r): lost for r in range(4)}, judged=None), {})
+    assert end_of_run_line(cov, 1, found_divergence=True) == "4 of 4 rank(s) attached (ranks 0-3), no step was compared"
+    line = end_of_run_line(cov, 1, found_divergence=False)
+    assert line == "no divergence judged: 4 of 4 rank(s) attached (ranks 0-3), no step was compared; " \
+                   "command exited with 1"
