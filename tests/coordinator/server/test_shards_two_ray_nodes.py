@@ -15,8 +15,11 @@ pytestmark = [pytest.mark.ray, pytest.mark.timeout(420)]
 
 
 def test_two_shards_on_two_ray_nodes_name_the_diverging_rank():
-    env = dict(os.environ)
-    env.pop("RAY_ADDRESS", None)
+    # Nothing of this process's own Ray: a private Ray started earlier in it left
+    # RAY_AUTH_MODE=token in its environment, and a child that inherits it cannot run
+    # actors on the auth-less cluster (Ray cancels them before they start).
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    env["RAY_AUTH_MODE"] = "disabled"
     proc = subprocess.run([sys.executable, "-m", "tests.coordinator.server.two_ray_nodes_run"], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=400)
     out = proc.stdout + proc.stderr

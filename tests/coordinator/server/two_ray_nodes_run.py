@@ -110,24 +110,10 @@ def two_nodes():
         shutil.rmtree(work, ignore_errors=True)
 
 
-def _coordinator(out: Path) -> "ray.actor.ActorHandle":
-    """The coordinator, on this cluster. On this 2-core machine under load, Ray has been
-    seen to cancel an actor's creation before it ran ("The actor never ran - it was
-    cancelled before it started running"): that one Ray scheduling outcome, not any
-    error of the coordinator's, gets a second try, said on stdout."""
-    cluster = {"shards": 2, "on_divergence": "continue", "export_timeout_s": 1}
-    try:
-        return start_coordinator(str(out), cluster, name="two-nodes", namespace=NS, job="jobN")
-    except ray.exceptions.ActorDiedError as exc:
-        if "never ran" not in str(exc):
-            raise
-        print(f"RETRY: Ray cancelled the coordinator actor before it ran: {str(exc).splitlines()[0]}", flush=True)
-    return start_coordinator(str(out), cluster, name="two-nodes-2", namespace=NS, job="jobN")
-
-
 def check(two_nodes: Path) -> None:
     t0 = time.monotonic()
-    h = _coordinator(two_nodes / "out")
+    h = start_coordinator(str(two_nodes / "out"), {"shards": 2, "on_divergence": "continue", "export_timeout_s": 1},
+                          name="two-nodes", namespace=NS, job="jobN")
     agent = RoutingAgent(ray.get(h.endpoint.remote()), "jobN")
     try:
         for r in range(4):
