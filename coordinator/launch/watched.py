@@ -80,7 +80,9 @@ def attached_ranks(status: dict[str, Any] | None) -> list[int]:
     return sorted(int(r) for r, info in ranks.items() if heard_from(info or {}))
 
 
-#: How a rank that attached but was not watched is named in the closing line.
+#: How a rank missed the watch, as the closing line says it (a note's ``how``; a note
+#: without one is an attach failure, whose ``reason`` is the failure's own text).
+NEVER_ATTACHED = "never attached"
 NO_STEP_SEEN = "attached, no step seen"
 SAYS_UNWATCHED = "attached, not watched: its watch line says why"
 
@@ -166,8 +168,8 @@ class WatchedRanks:
         unwatched = list({_who(n): n for n in failures.values()
                           if n.get("rank") is None or int(n["rank"]) not in watched}.values())
         noted = {n.get("rank") for n in unwatched}
-        unwatched += [{"rank": r, "reason": "never attached"} for r in silent_ranks(status) if r not in noted]
-        unwatched += [{"rank": r, "reason": how} for r, how in sorted(blind.items()) if r not in noted]
+        unwatched += [{"rank": r, "how": NEVER_ATTACHED} for r in silent_ranks(status) if r not in noted]
+        unwatched += [{"rank": r, "how": how} for r, how in sorted(blind.items()) if r not in noted]
         judged = status.get("last_judged_step")
         return cls(watched, unwatched, judged if isinstance(judged, int) and judged >= 0 else None,
                    partly_seen(status, watched))
@@ -209,8 +211,7 @@ def end_of_run_line(cov: WatchedRanks, rc: int, found_divergence: bool) -> str:
 
 
 def _how_missed(note: dict[str, Any]) -> str:
-    why = note.get("reason")
-    return why if why in ("never attached", NO_STEP_SEEN, SAYS_UNWATCHED) else "failed to attach"
+    return note.get("how") or "failed to attach"
 
 
 def _missed_text(notes: list[dict[str, Any]]) -> str:
