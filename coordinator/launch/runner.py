@@ -259,19 +259,14 @@ class Launch:
         incidents = self.coordinator.drain(30.0)
         status = self._final_status()
         cov = WatchedRanks.of(status, self.attach_watch.failures)
-        watched = self.watched_line(status)
         if not incidents:
             line = end_of_run_line(cov, rc, found_divergence=False)
             (self.say if cov.complete else print_loud)(line)
-            self.say(watched)
-            self._say_watch(status)
+            self._say_verdicts(status, [])
             if rc != 0 and (status or {}).get("terminated"):
                 return INCIDENT_EXIT  # `rankscope terminate` with no incident: still rankscope's doing
             return self._unwatched_exit(cov, rc, allow)
-        self.say(watched)
-        self._say_watch(status)
-        for inc in incidents:
-            print(format_verdict(inc), flush=True)
+        self._say_verdicts(status, incidents)
         self.say(end_of_run_line(cov, rc, found_divergence=True))
         # A job that failed after rankscope terminated it failed *because* of the incident.
         terminated = any(inc.get("policy") == "terminate" or inc.get("state") == "terminated"
@@ -289,7 +284,12 @@ class Launch:
             status = self.coordinator.status(timeout=5)
         except Exception:  # noqa: BLE001 - the export folder holds what was written
             return
+        self._say_verdicts(status, incidents)
+
+    def _say_verdicts(self, status: dict | None, incidents: list[dict]) -> None:
+        """What the verdicts stand on, how each rank was watched, then every verdict."""
         self.say(self.watched_line(status))
+        self._say_watch(status)
         for inc in incidents:
             print(format_verdict(inc), flush=True)
 
