@@ -136,6 +136,14 @@ class AgentClient:
         except Exception:  # a Sink must never raise into training
             pass
 
+    def say_first(self, kind: str, body: dict) -> None:
+        """A STATUS the coordinator needs before this rank's next step (its layout facts):
+        sent ahead of every step queued after it, and again after a reconnect. Never blocks."""
+        if kind != "status" or os.getpid() != self.state.pid:
+            return
+        with self.state.lock:
+            self.state.first = dict(body)
+
     def register(self, claim: RankClaim, timeout: float = 2.0) -> int | None:
         """Tell the agent who this rank is; return the id to use (maybe remapped), or
         None when no agent answers within ``timeout``."""

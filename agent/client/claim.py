@@ -20,13 +20,16 @@ class RankClaim:
     label: str = ""
     #: Where this rank writes every thread's stack on SIGUSR2 (empty: it does not).
     stacks_file: str = ""
+    #: It will say what it sees of the job's parallel layout before its first step.
+    layout: bool = False
 
     @classmethod
     def here(cls, claimed_rank: int | None, **fields) -> "RankClaim":
         return cls(host=socket.gethostname(), pid=os.getpid(), claimed_rank=claimed_rank, **fields)
 
     def body(self) -> dict:
-        body = {k: v for k, v in asdict(self).items() if v is not None and v != "" or k == "claimed_rank"}
+        body = {k: v for k, v in asdict(self).items()
+                if (v is not None and v != "" and v is not False) or k == "claimed_rank"}
         body["versions"] = versions()
         return body
 

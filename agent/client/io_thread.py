@@ -38,6 +38,7 @@ class ClientIO:
         self.last_beat = 0.0
         self.sync_seen = -1
         self.decoder = protocol.Decoder(job=None)
+        self.first_sent: dict | None = None  # said again to an agent that may have restarted
 
     def send(self, mtype: str, body: dict) -> bool:
         frame = encode(Message(mtype, self.c.job, self.c.src, self.seq(), body))
@@ -50,6 +51,9 @@ class ClientIO:
     def on_connect(self) -> None:
         if self.ever_connected:
             self.resend_names = True  # the agent may have restarted and lost the table
+            with self.c.lock:
+                if self.c.first is None and self.first_sent is not None:
+                    self.c.first = self.first_sent
         self.ever_connected = True
         if self.c.claim is not None:
             self.c.want_register = True  # a restarted agent must learn who we are again
@@ -105,6 +109,15 @@ class ClientIO:
         many steps and items went out."""
         c = self.c
         n = 0
+        if c.first is not None:
+            with c.lock:
+                first, c.first = c.first, None
+            if not self.send(protocol.STATUS, first):
+                with c.lock:
+                    c.first = c.first or first
+                return 0  # no step may overtake it
+            self.first_sent = first
+            n += 1
         for _ in range(64):
             try:
                 batch = c.queue.popleft()  # atomic: the training thread may drop the oldest meanwhile

@@ -54,6 +54,9 @@ class ClientState:
     bye: dict = field(default_factory=lambda: {"ok": True, "error": ""})
     #: The training thread's collective positions, reported with every heartbeat.
     sync: SyncTracker | None = None
+    #: Training thread -> I/O thread (under ``lock``): a STATUS body that must go out
+    #: before any step queued after it (the layout facts the coordinator waits for).
+    first: dict | None = None
 
     @property
     def rank(self) -> int | None:

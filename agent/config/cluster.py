@@ -21,6 +21,7 @@ from rankscope.config.checks import (
 )
 from rankscope.config.detectors import DetectorSettings, parse_detectors
 from rankscope.config.errors import ConfigError
+from rankscope.config.layout import LayoutSpec, parse_layout
 from rankscope.config.watchpoints import WatchpointRule, parse_watchpoints
 from rankscope.wire.shards import check_shard_count
 
@@ -39,9 +40,11 @@ class OnDivergence(str, enum.Enum):
     CONTINUE = "continue"
 
 
-#: ``groups`` spellings: "dp" = every rank of a job is one data-parallel group;
-#: "replicas" = likewise, but the ranks get identical input (inference DP), so every
-#: record kind, not only parameters/reduced grads, must match bit for bit.
+#: ``groups`` spellings: "dp" = the job's parallel layout decides who is compared with
+#: whom (learned from the job; plain data parallelism: every rank one group); "replicas"
+#: = every rank one group, and the ranks get identical input (inference DP), so every
+#: record kind, not only parameters/reduced grads, must match bit for bit. A list of rank
+#: lists names the replica groups by hand (the ranks holding the same shard).
 GROUP_MODES = ("dp", "replicas")
 #: What a rank does when the coordinator terminates the job: raise RankscopeTerminated
 #: in the training thread, or leave at once with exit status 86.
@@ -56,6 +59,8 @@ class ClusterSettings:
     job: str | None = None
     sentinels: bool = True
     groups: Groups = "dp"
+    #: The data x tensor x pipeline degrees by hand (overrides what is learned).
+    layout: LayoutSpec | None = None
     on_divergence: OnDivergence = OnDivergence.PAUSE
     on_terminate: str = "raise"
     deadline_s: float = 30.0
@@ -120,6 +125,8 @@ def parse_cluster(section: Mapping[str, Any] | None) -> ClusterSettings:
             kw[key] = val
         elif key == "groups":
             kw[key] = _parse_groups(val)
+        elif key == "layout":
+            kw[key] = parse_layout(val)
         elif key == "on_divergence":
             kw[key] = OnDivergence(choice(fld, val, [p.value for p in OnDivergence]))
         elif key == "on_terminate":

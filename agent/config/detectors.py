@@ -32,6 +32,15 @@ class ReplicaSettings:
 
 
 @dataclass(frozen=True)
+class ParamMovedSettings:
+    #: A rank whose weights changed between one step's end and the next one's start, outside
+    #: the optimizer, is named (no majority needed); a change every rank makes at the same
+    #: step is deliberate. Off for a script that edits weights between steps on some ranks
+    #: only (a per-shard max-norm clip).
+    enabled: bool = True
+
+
+@dataclass(frozen=True)
 class OutlierSettings:
     """Peer outlier thresholds. Defaults are tuned for zero false alarms (tests/test_soak.py).
 
@@ -71,6 +80,7 @@ class ProgressSettings:
 class DetectorSettings:
     nan_origin: NanOriginSettings = field(default_factory=NanOriginSettings)
     replica: ReplicaSettings = field(default_factory=ReplicaSettings)
+    param_moved: ParamMovedSettings = field(default_factory=ParamMovedSettings)
     outlier: OutlierSettings = field(default_factory=OutlierSettings)
     progress: ProgressSettings = field(default_factory=ProgressSettings)
     #: After a detector flags a rank, the same detector stays quiet about that rank for
@@ -80,7 +90,7 @@ class DetectorSettings:
 
 
 _DETECTOR_SECTIONS = {
-    "nan_origin": NanOriginSettings, "replica": ReplicaSettings,
+    "nan_origin": NanOriginSettings, "replica": ReplicaSettings, "param_moved": ParamMovedSettings,
     "outlier": OutlierSettings, "progress": ProgressSettings,
 }
 #: Longer spellings users reach for (DESIGN.md's names); same sections.

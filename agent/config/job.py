@@ -28,7 +28,7 @@ LAUNCH_DEFAULTS: dict[str, Any] = {"level": "L0"}
 
 #: Settings one job has one value of: how ranks are grouped and judged and what happens
 #: at a verdict. A rank's own config cannot change them; the job's are in force.
-CLUSTER_WIDE = ("groups", "on_divergence", "on_terminate", "deadline_s", "max_pending_steps", "max_pending_mb",
+CLUSTER_WIDE = ("groups", "layout", "on_divergence", "on_terminate", "deadline_s", "max_pending_steps", "max_pending_mb",
                 "pause_timeout_s", "export_timeout_s", "hang_timeout_s", "failure_settle_s",
                 "teardown_window_s", "detectors", "watchpoints")
 

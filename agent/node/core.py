@@ -17,10 +17,10 @@ import socket
 import time
 from typing import Callable
 
-from rankscope.config.job import checked_job_config
-from rankscope.node.assign import HeldAnswers, confirm_assigned
+from rankscope.node.assign import HeldAnswers
 from rankscope.node.bundles import RankBundles
 from rankscope.node.exports import RecentExports
+from rankscope.node.from_coordinator import CoordinatorFrames
 from rankscope.node.liveness import LivenessMonitor, Lost, ProcStat, read_stat
 from rankscope.node.name_ledger import NameLedger
 from rankscope.node.outbox import Key, Outbox
@@ -29,7 +29,7 @@ from rankscope.node.relay import QUESTIONS, ControlRelay
 from rankscope.node.settings import AgentSettings
 from rankscope.node.shard_route import ShardRouting
 from rankscope.node.stacks import StackRequests
-from rankscope.wire import job_config, protocol
+from rankscope.wire import layout_facts, protocol
 from rankscope.wire.layout import position_file, rank_to_wire, safe_id
 from rankscope.wire.position import read_rank_file
 from rankscope.wire.protocol import Message, encode
@@ -44,7 +44,7 @@ BYE_WAIT_S = 5.0
 LIVENESS_EVERY_S, STATUS_EVERY_S = 0.2, 2.0
 
 
-class NodeCore:
+class NodeCore(CoordinatorFrames):
     def __init__(self, settings: AgentSettings, host: str, src: str, *,
                  clock: Callable[[], float] = time.monotonic, seq_start: int = 0,
                  read_proc: Callable[[int], ProcStat | None] = read_stat,
@@ -178,6 +178,8 @@ class NodeCore:
         else:
             if entry is not None and what == "terminated":
                 entry.extra["state"] = "terminated"  # its exit that follows is not a loss
+            if entry is not None and what == layout_facts.WHAT:
+                entry.extra["layout_status"] = msg.body  # said again to a coordinator that lost it
             self.out.up.append((frame, key))
 
     def _end(self, e: RankEntry, exit_status: int | None, died_at: float | None = None) -> None:
@@ -223,11 +225,8 @@ class NodeCore:
             self._to_rank(entry, sticky)
 
     def _forward_register(self, entry: RankEntry) -> None:
-        body = {k: getattr(entry, k) for k in ("host", "pid", "claimed_rank", "world_size", "dp_index", "dp_size",
-                                               "device_id", "local_rank", "label", "assigned_rank")}
-        if "versions" in entry.extra:
-            body["versions"] = entry.extra["versions"]
-        self._up_own(protocol.REGISTER, entry.job, body)  # own src: agents proposing one id are no replays
+        # Its own src: agents proposing one id are no replays of each other.
+        self._up_own(protocol.REGISTER, entry.job, entry.register_body())
 
     # --- time ---------------------------------------------------------------------------
     def tick(self, ranks_drained: bool = True, link_stats: dict | None = None) -> None:
@@ -331,70 +330,3 @@ class NodeCore:
                   "rejected": sum(self.decoder.rejected.values()), **link_stats}
         for job in {e.job for e in self.registry.live()} or {self.s.job or ""}:
             self.out.up_volatile.append(self._msg(protocol.STATUS, job, {"what": "agent", "detail": detail}))
-
-    # --- coordinator -> agent ----------------------------------------------------------
-    def on_coordinator_frame(self, frame: bytes) -> None:
-        msg = self._updecoder.decode(frame)
-        if msg is None:
-            return
-        self.held.heard = True
-        if msg.type == protocol.CONTROL:
-            self._on_control(frame, msg)
-        elif msg.type == protocol.STATUS and msg.body["what"] == "clock":
-            # The coordinator measures this host's clock offset: answer with our time now.
-            detail = dict(msg.body.get("detail") or {})
-            detail["t2"] = self.wall()
-            self.out.up_volatile.append(self._msg(protocol.STATUS, msg.job, {"what": "clock", "detail": detail}))
-        elif msg.type == protocol.STATUS and msg.body["what"] == "assigned":
-            detail = msg.body.get("detail")  # the shard map first: the rank streams once answered
-            if not (self.route.learn(detail) and confirm_assigned(self.registry, self.held, msg.job, detail,
-                                                                  self._answer)):
-                self._updecoder.rejected["bad_assigned"] += 1
-        elif msg.type == protocol.STATUS and msg.body["what"] == job_config.WHAT:
-            self.job_config = checked_job_config(job_config.config_of(msg.body)) or self.job_config
-        elif msg.type == protocol.STATUS and msg.body["what"] == "ack":
-            high = (msg.body.get("detail") or {}).get("high")
-            if isinstance(high, dict):
-                self.out.acks.append(high)
-
-    def _on_control(self, frame: bytes, msg: Message) -> None:
-        if msg.body["command"] == "stacks":
-            args = msg.body.get("args") or {}
-            ranks = args.get("ranks") if isinstance(args.get("ranks"), list) else None
-            for job in ({msg.job} if msg.job else {e.job for e in self.registry.live()}):
-                self.stacks.ask(job, ranks, why="the coordinator asked")
-            return
-        self.relay.remember(msg, frame)
-        for entry in self.relay.targets(self.registry, msg):
-            self._to_rank(entry, frame)
-        if msg.body["command"] == "export":
-            args = msg.body.get("args") or {}
-            transfer = str(args.get("transfer") or msg.body.get("incident") or "export")
-            for job in ({msg.job} if msg.job else {e.job for e in self.registry.entries()}):
-                self.exports.asked(job, transfer)
-            for entry in self.relay.gone(self.registry, msg):
-                why = "rank lost before the export" if entry.state is ProcessState.LOST else \
-                    "rank had finished before the export"
-                self._export_on_behalf(entry, transfer, why)
-            jobs = {msg.job} if msg.job else {e.job for e in self.registry.entries()}
-            for job in jobs:
-                self.publish_map(job)
-
-    def _export_on_behalf(self, entry: RankEntry, transfer: str, reason: str, final: bool = True) -> None:
-        self.bundles.write_on_behalf(entry, reason, self.registry.rank_map(entry.job), final=final)
-        n = 0
-        for body in self.bundles.chunks(entry, transfer):
-            self._up_own(protocol.BUNDLE_CHUNK, entry.job, body)
-            n += 1
-        log.info("sent %d bundle chunks for rank %s (transfer %s)", n, entry.assigned_rank, transfer)
-
-    def on_link_up(self) -> None:
-        """A (re)connected coordinator may have lost everything: registrations, the rank map,
-        and the name tables the ranks sent long ago (owed with their next STEP)."""
-        jobs = set()
-        for e in self.registry.live():
-            self._forward_register(e)
-            jobs.add(e.job)
-        for job in jobs:
-            self.publish_map(job)
-        self.names.owe_all()

@@ -65,6 +65,16 @@ class RankEntry:
     prefer: int | None = None
     extra: dict = field(default_factory=dict)
 
+    def register_body(self) -> dict:
+        """The REGISTER this agent forwards for the rank, with the id it proposes."""
+        body = {k: getattr(self, k) for k in ("host", "pid", "claimed_rank", "world_size", "dp_index", "dp_size",
+                                              "device_id", "local_rank", "label", "assigned_rank")}
+        if "versions" in self.extra:
+            body["versions"] = self.extra["versions"]
+        if self.extra.get("layout") is True:
+            body["layout"] = True  # its layout facts follow; its first step waits for them
+        return body
+
     @property
     def wanted(self) -> int | None:
         if self.prefer is not None:
@@ -133,6 +143,8 @@ class RankRegistry:
             entry.extra["versions"] = info["versions"]
         if isinstance(info.get("stacks_file"), str) and info["stacks_file"]:
             entry.extra["stacks_file"] = info["stacks_file"]
+        if info.get("layout") is True:
+            entry.extra["layout"] = True
         self._entries[key] = entry
         self._by_identity[identity] = entry
         self._pending_since.setdefault(job, entry.registered_at)

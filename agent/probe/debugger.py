@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 import time
 from typing import Any
 
@@ -18,6 +17,8 @@ from rankscope.config.msprobe import ranks_not_in_job
 from rankscope.config.schema import KERNEL_LEVEL
 from rankscope.dump.folder_claim import UNKNOWN_HOLDER, claim_rank_label, release_rank_label
 from rankscope.dump.writer import DumpWriter
+from rankscope.probe import agent_link, layout_probe
+from rankscope.probe.collectives import CollectiveHooks
 from rankscope.probe.gate import RankscopeTerminated, StepGate
 from rankscope.probe.graph_watch import GraphWatch, graph_mode
 from rankscope.probe.handover import take_over
@@ -25,7 +26,8 @@ from rankscope.probe.hooks.api import ApiHooks
 from rankscope.probe.hooks.cell import CellHooks
 from rankscope.probe.hooks.recorder import Recorder
 from rankscope.probe.identity import resolve_rank
-from rankscope.probe.rank_env import device_side, env_int, make_flight_recorder, resolve_dp_index, world_size
+from rankscope.probe.layout_probe import LayoutProbe
+from rankscope.probe.rank_env import device_side, make_flight_recorder, world_size
 from rankscope.probe.sentinels import Sentinels
 from rankscope.probe.sync_tracker import SyncTracker
 from rankscope.probe.token_range import TokenCounter, TokenRangeHooks, check_token_range
@@ -72,6 +74,8 @@ class PrecisionDebugger:
         self.sentinels = Sentinels(self.recorder)
         self.sync = SyncTracker()
         self.sentinels.sync = self.sync
+        self.collectives = CollectiveHooks(self.recorder, self.sync)
+        self.layout = LayoutProbe()
         self.recorder.params_now = lambda: not any(True for _ in self.sentinels.optimizers)
         self.recorder.device_side = device_side()
         self.recorder.on_step_start = self.sentinels.snapshot
@@ -104,7 +108,7 @@ class PrecisionDebugger:
         # script builds its grad function, or the loss is never seen. Attached even with
         # sentinels off: the optimizer hook is where queued parameter reads happen.
         self.sentinels.record = cfg.cluster.sentinels
-        self._guard("attaching sentinels", self.sentinels.attach)
+        self._guard("attaching sentinels", self._attach_sentinels)
         self.graph = GraphWatch(self)
         if cfg.level == KERNEL_LEVEL:  # no hooks: eager code has no kernel record to read
             self.graph.report.eager_unseen = (f"level {KERNEL_LEVEL} records the kernels of compiled code "
@@ -123,7 +127,7 @@ class PrecisionDebugger:
             self._identify(rank_id)
         cfg = self.config
         if not self.sentinels.enabled:
-            self._guard("attaching sentinels", self.sentinels.attach)
+            self._guard("attaching sentinels", self._attach_sentinels)
         # token hooks first: the root's pre-hook that opens a token must run before the
         # L0 root hook that decides whether this forward's grad hooks are batched
         if tr is not None:
@@ -163,6 +167,7 @@ class PrecisionDebugger:
         self._save_count.clear()
         self.cells.new_step()
         self.apis.new_step()
+        self.collectives.new_step()
         self.sentinels.new_step()
         self.sync.new_step(self.current_step)
         if self.sentinels.unreduced_steps and not self.graph.report.grads_unseen and (world_size() or 1) > 1:
@@ -213,6 +218,7 @@ class PrecisionDebugger:
         self.recorder.dumping = False
         self.cells.detach()
         self.apis.detach()
+        self.collectives.detach()
         self.sentinels.detach()
         self._guard("closing the graph watch", self.graph.close)
         if self._token_hooks is not None:
@@ -240,6 +246,12 @@ class PrecisionDebugger:
     @property
     def hook_errors(self) -> int:
         return self.recorder.errors
+
+    def _attach_sentinels(self) -> None:
+        self.sentinels.attach()
+        layout_probe.install()
+        if self.sentinels.record:  # collectives are sentinels: off with them
+            self.collectives.attach()
 
     def _guard(self, what: str, fn: Any) -> None:
         try:
@@ -295,7 +307,7 @@ class PrecisionDebugger:
         self.rank = rank  # what we claim to the node agent; the folder waits for its answer
         endpoint = self.config.cluster.agent or os.environ.get("RANKSCOPE_AGENT")
         if endpoint and self.client is None:
-            self._guard("connecting to the node agent", lambda: self._connect(endpoint))
+            self._guard("connecting to the node agent", lambda: agent_link.connect(self, endpoint))
             self._guard("the position file", lambda: self._write_position(self.current_step, NO_TOKEN))
         self._set_rank(self.rank)
         note = ranks_not_in_job(self.config.rank, world_size())
@@ -330,43 +342,6 @@ class PrecisionDebugger:
                         "another process" if holder == UNKNOWN_HOLDER else f"pid {holder}", self.config.dump_path, label)
         return label
 
-    def _connect(self, endpoint: str) -> None:
-        try:
-            from rankscope.client.agent_client import AgentClient
-            from rankscope.client.claim import RankClaim
-        except ImportError:
-            return  # the node-agent client is not part of this build
-        from rankscope.probe import stack_signal
-        from rankscope.probe.rank_env import dp_size_from_env
-        client = AgentClient(endpoint, self.job, self.gate, on_export=self._on_export, sync=self.sync)
-        dp_index, _ = resolve_dp_index(self.config.cluster.dp_index)
-        claim = RankClaim(host=socket.gethostname(), pid=os.getpid(), claimed_rank=self.rank,
-                          world_size=env_int("RANK_SIZE") or env_int("WORLD_SIZE") or world_size(),
-                          dp_index=dp_index, dp_size=dp_size_from_env(), device_id=env_int("DEVICE_ID"),
-                          local_rank=env_int("LOCAL_RANK"), label=self._label,
-                          stacks_file=stack_signal.install(self.job) or "")
-        # 5 s, not 2: on a loaded node the agent's answer can take seconds, and a late
-        # answer is still picked up at the next step end (see _flush).
-        assigned = client.register(claim, timeout=5.0)
-        if assigned is not None:
-            self.rank = assigned  # the node agent's (possibly remapped) id
-        self.client = client
-        self.sinks.append(client)
-
-    def _on_export(self, incident_id: str) -> list:
-        """The coordinator asked for this rank's bundle: write it (the client sends it, then
-        deletes this copy)."""
-        from pathlib import Path
-
-        from rankscope.client.transfers import export_scratch
-        from rankscope.rdr.bundle import write_bundle
-        # Written only to be sent: the incident folder keeps the one copy.
-        root = export_scratch(incident_id)
-        bundle = write_bundle(root, self.rank if self.rank is not None else self._label,
-                              reason=f"export for incident {incident_id}", steps=self.flight_recorder or (),
-                              config=self.config.to_dict())
-        return [p for p in Path(bundle).rglob("*") if p.is_file()]
-
     def _flush(self, step: int) -> None:
         r = self.recorder
         assigned = getattr(self.client, "assigned", None)
@@ -389,6 +364,7 @@ class PrecisionDebugger:
         except Exception as exc:  # noqa: BLE001
             r.error(f"building step {step}", exc)
             return
+        self._guard("saying the layout", lambda: agent_link.say_layout(self))
         for sink in self.sinks:
             try:
                 sink.emit(out)

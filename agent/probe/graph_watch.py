@@ -12,6 +12,7 @@ import logging
 from typing import Any, Callable
 
 from rankscope.probe import compile_guard, kernel_config
+from rankscope.probe.collectives import note_cell_collectives
 from rankscope.probe.graph_steps import JIT_STEP, PIJIT_STEP, GraphSteps, loss_of
 from rankscope.probe.watch import PIJIT_UNSEEN, WatchReporter
 
@@ -63,6 +64,11 @@ class GraphWatch:
         self.report.say(self.dbg.rank, self.dbg.client, final=True)
         if self.kernels is not None:
             self.kernels.close()
+
+    def step_cells(self) -> list:
+        """The compiled training Cell seen last (its parameter layouts, under semi/auto parallel)."""
+        cell = self._names_for
+        return [] if cell is None or cell is JIT_STEP or cell is PIJIT_STEP else [cell]
 
     def _at_exit(self) -> None:
         """Settle the last compiled step; a rank that never showed a step still says
@@ -122,10 +128,11 @@ class GraphWatch:
 
     def _before(self, cell: Any, optimizers: list) -> None:
         self._settle()  # the previous step ends here: its kernel files were read meanwhile
-        if self.kernels is not None and cell is not None and cell is not JIT_STEP and cell is not PIJIT_STEP \
-                and self._names_for is not cell:
+        if cell is not None and cell is not JIT_STEP and cell is not PIJIT_STEP and self._names_for is not cell:
             self._names_for = cell
-            self.kernels.grad_names = _grad_names(cell, optimizers)
+            note_cell_collectives(cell)
+            if self.kernels is not None:
+                self.kernels.grad_names = _grad_names(cell, optimizers)
         s = self.dbg.sentinels
         if not s.enabled:
             return
@@ -146,6 +153,7 @@ class GraphWatch:
         loss = loss_of(output)
         if loss is not None:
             self.dbg.sentinels.record_loss(loss)
+        self.dbg.sentinels.snapshot_end(now=True)  # what the compiled update left
         if self.kernels is not None:
             self._submit(self._keep_dir())
         if self.on_step is not None:

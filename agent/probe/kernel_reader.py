@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from rankscope.probe import layout_probe
 from rankscope.probe.kernel_config import KernelDump
 from rankscope.probe.kernel_files import (
     CsvStats,
@@ -251,9 +252,11 @@ def _is_reduced(t: KernelTensor) -> bool:
 def _kind(t: KernelTensor) -> Kind:
     if t.op_type == "AllReduce" and "DistributedGradReducer" in t.op_name:
         return Kind.GRAD_LOCAL if t.io == "input" else Kind.GRAD_REDUCED
-    if t.op_type == "AllReduce" and t.io == "output":
-        # Any AllReduce's output (a reducer inside a jit function loses its Cell scope) is
-        # what every rank received, never a value a rank made itself: a NaN there names no origin.
+    if t.op_type == "AllReduce" and t.io == "output" and not layout_probe.collectives_in_own_groups():
+        # With no collective in a group of the script's own, an AllReduce is the gradients'
+        # (a reducer inside a jit function loses its Cell scope): what every rank received,
+        # never a value a rank made itself. A tensor-parallel layer's stays a forward
+        # record, which the coordinator reads as received by its name.
         return Kind.GRAD_REDUCED
     return Kind.BACKWARD if t.backward else Kind.FORWARD
 

@@ -9,6 +9,8 @@
 - ``Sentinel.param.<name>`` / ``Sentinel.opt_state.<name>``: CRC-32 + stats of every
   parameter and optimizer state when the optimizer is called, i.e. the values this step
   started from (nothing changes them between forward and the update).
+- ``Sentinel.param_end.<name>``: the same once the optimizer is done. A parameter whose
+  next step starts from another value was changed outside the optimizer.
 
 Optimizers and reducers are Cells, so a forward(-pre) hook on the instance is enough;
 instances are found through a constructor patch (while any debugger is attached) plus
@@ -23,7 +25,7 @@ import gc
 import weakref
 from typing import Any, Callable
 
-from rankscope.probe import compile_guard
+from rankscope.probe import compile_guard, layout_probe
 from rankscope.probe.hooks.recorder import Recorder
 from rankscope.probe.sync_tracker import SyncTracker
 from rankscope.wire.records import Kind
@@ -122,6 +124,22 @@ class Sentinels:
             for name, p in state if state_rows else ():
                 r.row_known(f"Sentinel.opt_state.{name}", Kind.OPT_STATE, _stats_crc_later(p))
 
+    def snapshot_end(self, only: Any = None, now: bool = False) -> None:
+        """PARAM rows of the values the optimizer left (``now``: CRC-32 on this thread, as
+        between compiled steps)."""
+        if not self.enabled or not self.record:
+            return
+        r = self.rec
+        for opt in [only] if only is not None else list(self.stepping):
+            for name, p in self._layout_of(opt)[0]:
+                r.row_known(f"Sentinel.param_end.{name}", Kind.PARAM, _stats_crc_now(p) if now else _stats_crc_later(p))
+
+    def trained_shapes(self) -> list[str]:
+        """``name:shape`` of every trained parameter: equal on the tensor-parallel shards of
+        one stage (each holds a piece of the same weights), different between stages."""
+        return [f"{name}:{tuple(getattr(p, 'shape', ()))}" for opt in list(self.stepping)
+                for name, p in self._layout_of(opt)[0]]
+
     def _layout_of(self, opt: Any) -> tuple[list[tuple[str, Any]], list[tuple[str, Any]]]:
         """(model parameters, optimizer state) as (name, tensor) pairs, cached: reading
         ``Parameter.name`` waits for MindSpore's pipeline, so names are read once, at a
@@ -148,6 +166,8 @@ class Sentinels:
         if reducer in self._hooked:
             return
         self._hooked.add(reducer)
+        # The ranks it averages over hold the same weights: the job's replicas.
+        layout_probe.note_reducer(getattr(getattr(reducer, "allgather", None), "group", None))
         self._handles.append(compile_guard.register(reducer, self._reducer_pre_hook, pre=True))
         self._handles.append(compile_guard.register(reducer, self._reducer_hook))
 
@@ -184,6 +204,11 @@ class Sentinels:
         return None
 
     def _optimizer_post_hook(self, opt: Any, args: tuple, output: Any) -> None:
+        if self.enabled:
+            try:
+                self.snapshot_end(only=opt)
+            except Exception as exc:  # noqa: BLE001
+                self.rec.error("step-end parameter sentinel", exc)
         if self.enabled and self.on_optimizer_done is not None:
             try:
                 self.on_optimizer_done()

@@ -25,6 +25,7 @@ from typing import Any
 import msgpack
 import numpy as np
 
+from rankscope.wire import layout_facts
 from rankscope.wire.columns import MAX_KIND, STEP_COLS, STEP_TAIL, check_names, pack_steps, unpack_steps
 from rankscope.wire.errors import ProtocolError
 from rankscope.wire.records import StepBatch
@@ -66,6 +67,9 @@ SCHEMAS: dict[str, _Schema] = {
         "dp_size": ((int, type(None)), False),
         "device_id": ((int, type(None)), False), "local_rank": ((int, type(None)), False),
         "versions": ((dict,), False), "label": ((str,), False), "stacks_file": ((str,), False),
+        # True: the rank will say what it sees of the job's parallel layout (STATUS layout)
+        # before its first step, and that step waits for it.
+        "layout": ((bool,), False),
         # Set by the node agent when it forwards a registration: the id after remapping.
         "assigned_rank": ((int, type(None)), False),
     },
@@ -245,6 +249,8 @@ class Decoder:
             raise ProtocolError("bad_field", f"control.command {body['command']!r}")
         elif mtype == STATUS and body["what"] == "watch":
             _check_watch(body.get("detail"))
+        elif mtype == STATUS and body["what"] == layout_facts.WHAT:
+            layout_facts.check_detail(body.get("detail"))
         elif mtype in (HEARTBEAT, RANK_LOST) and body.get("sync") is not None \
                 and SyncPoint.from_wire(body["sync"]) is None:
             raise ProtocolError("bad_field", f"{mtype}.sync is not a sync point")

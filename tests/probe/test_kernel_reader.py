@@ -95,6 +95,26 @@ def test_an_allreduce_outside_a_reducer_cell_is_local_in_and_received_out(tmp_pa
     reader.close()
 
 
+def test_a_tensor_parallel_allreduce_stays_a_forward_record_read_as_received(tmp_path, monkeypatch):
+    """A script that runs collectives in groups of its own (a row-parallel layer's
+    AllReduce in tp_0): an AllReduce outside the reducer is that layer's, not gradients."""
+    from rankscope.probe import layout_probe
+    monkeypatch.setattr(layout_probe, "_collectives", {("AllReduce", "mccl_world_group")})
+    root, op = tmp_path / "kernels", "Default_net-TPNet_fc2-RowParallel_AllReduce-op3"
+    order_csv(root, [op])
+    d = root / "rank_0" / "rankscope" / "0" / "0"
+    write(d, "AllReduce", op, "input", 0, np.ones((2, 3), np.float32), 5)
+    write(d, "AllReduce", op, "output", 0, np.full((2, 3), 2.0, np.float32), 6)
+    reader = KernelReader(KernelDump(root, True, "tensor", "x"), lambda *_: None)
+    reader.submit()
+    assert {r.kind for r in reader.collect()} == {Kind.FORWARD, Kind.GRAD_REDUCED}  # a world AllReduce: as before
+    monkeypatch.setattr(layout_probe, "_collectives", {("AllReduce", "tp_0")})
+    write(root / "rank_0" / "rankscope" / "0" / "1", "AllReduce", op, "output", 0, np.full((2, 3), 2.0, np.float32), 8)
+    reader.submit()
+    assert [r.kind for r in reader.collect()] == [Kind.FORWARD]
+    reader.close()
+
+
 def test_attribute_inputs_are_deleted_unread_and_a_new_execution_order_is_reread(tmp_path):
     root = tmp_path / "kernels"
     order_csv(root, [SCOPE])

@@ -1,0 +1,62 @@
+"""A debugger's link to its node agent: registering the rank, answering an export, and
+saying what the rank sees of the job's parallel layout."""
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+from typing import Any
+
+from rankscope.probe.rank_env import env_int, resolve_dp_index, world_size
+from rankscope.wire.layout_facts import WHAT as LAYOUT
+
+
+def connect(dbg: Any, endpoint: str) -> None:
+    """Register ``dbg``'s rank with the node agent at ``endpoint``; on an answer the rank
+    takes the (possibly remapped) id it was given."""
+    try:
+        from rankscope.client.agent_client import AgentClient
+        from rankscope.client.claim import RankClaim
+    except ImportError:
+        return  # the node-agent client is not part of this build
+    from rankscope.probe import stack_signal
+    from rankscope.probe.rank_env import dp_size_from_env
+    client = AgentClient(endpoint, dbg.job, dbg.gate, on_export=lambda incident: export_bundle(dbg, incident),
+                         sync=dbg.sync)
+    dp_index, _ = resolve_dp_index(dbg.config.cluster.dp_index)
+    claim = RankClaim(host=socket.gethostname(), pid=os.getpid(), claimed_rank=dbg.rank,
+                      world_size=env_int("RANK_SIZE") or env_int("WORLD_SIZE") or world_size(),
+                      dp_index=dp_index, dp_size=dp_size_from_env(), device_id=env_int("DEVICE_ID"),
+                      local_rank=env_int("LOCAL_RANK"), label=dbg._label,  # noqa: SLF001
+                      stacks_file=stack_signal.install(dbg.job) or "", layout=True)
+    # 5 s, not 2: on a loaded node the agent's answer can take seconds, and a late
+    # answer is still picked up at the next step end (see the debugger's _flush).
+    assigned = client.register(claim, timeout=5.0)
+    if assigned is not None:
+        dbg.rank = assigned  # the node agent's (possibly remapped) id
+    dbg.client = client
+    dbg.sinks.append(client)
+
+
+def export_bundle(dbg: Any, incident_id: str) -> list:
+    """The coordinator asked for this rank's bundle: write it (the client sends it, then
+    deletes this copy)."""
+    from rankscope.client.transfers import export_scratch
+    from rankscope.rdr.bundle import write_bundle
+    # Written only to be sent: the incident folder keeps the one copy.
+    root = export_scratch(incident_id)
+    bundle = write_bundle(root, dbg.rank if dbg.rank is not None else dbg._label,  # noqa: SLF001
+                          reason=f"export for incident {incident_id}", steps=dbg.flight_recorder or (),
+                          config=dbg.config.to_dict())
+    return [p for p in Path(bundle).rglob("*") if p.is_file()]
+
+
+def say_layout(dbg: Any) -> None:
+    """At a step end, before the step leaves: the rank's layout facts, when they are new.
+    The coordinator holds the rank's first step until they are in (REGISTER ``layout``)."""
+    client, probe = dbg.client, dbg.layout
+    if client is None or dbg.rank is None or not probe.due():
+        return
+    # Only compiled networks carry semi/auto-parallel parameter layouts.
+    facts = probe.facts(dbg.graph.step_cells(), dbg.sentinels.trained_shapes())
+    client.say_first("status", {"what": LAYOUT, "detail": {"rank": int(dbg.rank), "facts": facts}})

@@ -1,0 +1,69 @@
+"""One spelling for the records of a collective's input and output, and one reader of it.
+
+A rank records the tensors going into and coming out of each collective it calls from
+Python as ``Sentinel.collective.<group>.<Op>.<n>.<input|output>.<slot>`` (``n``: the
+call's index among this step's calls of that op in that group). The group is in the
+name, so the record's column exists on exactly the ranks of the group. A compiled step's
+collectives arrive through the kernel dump as ``<Op>.<scope>.<task>.<stream>.<io>.<slot>``
+(:mod:`rankscope.probe.kernel_files`). :func:`parse_collective` reads both, so the
+coordinator can tell a value a rank made from one it only received.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+PREFIX = "Sentinel.collective."
+
+#: Collective primitives and what MindSpore's kernel dump calls them.
+COLLECTIVE_OPS = frozenset({
+    "AllReduce", "AllGather", "ReduceScatter", "Broadcast", "AlltoAll", "AlltoAllV", "AllToAll",
+    "Send", "Receive", "NeighborExchange", "NeighborExchangeV2", "Reduce", "CollectiveScatter",
+    "CollectiveGather", "BatchISendIRecv", "AllGatherV", "ReduceScatterV",
+})
+#: Ops whose output is the same on every rank of the group.
+REPLICATING_OPS = frozenset({"AllReduce", "AllGather", "Broadcast", "AllGatherV"})
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9_\-]")
+
+
+def safe_group(group: str) -> str:
+    """A group name as it appears inside a record name (no dots: they separate fields)."""
+    return _UNSAFE.sub("_", str(group))[:96] or "_"
+
+
+def collective_record(group: str, op: str, n: int, io: str, slot: int) -> str:
+    return f"{PREFIX}{safe_group(group)}.{op}.{n}.{io}.{slot}"
+
+
+@dataclass(frozen=True)
+class CollectiveIO:
+    """One record of a collective call: ``call`` names the call (its input and output
+    records share it), ``io`` is "input" or "output"."""
+
+    call: str
+    io: str
+    op: str
+    group: str | None  # None: a kernel-dump record, whose group the file name does not say
+
+    @property
+    def replicated_output(self) -> bool:
+        """An output every rank of the group must hold bit for bit."""
+        return self.io == "output" and self.op in REPLICATING_OPS and self.group is not None
+
+
+def parse_collective(name: str) -> CollectiveIO | None:
+    """The collective call a record belongs to, or None for any other record."""
+    if name.startswith(PREFIX):
+        parts = name[len(PREFIX):].split(".")
+        if len(parts) != 5 or parts[3] not in ("input", "output"):
+            return None
+        group, op, n, io, _slot = parts
+        return CollectiveIO(f"{PREFIX}{group}.{op}.{n}", io, op, group)
+    op = name.split(".", 1)[0]
+    if op not in COLLECTIVE_OPS:
+        return None
+    parts = name.rsplit(".", 2)
+    if len(parts) != 3 or parts[1] not in ("input", "output"):
+        return None
+    return CollectiveIO(parts[0], parts[1], op, None)
