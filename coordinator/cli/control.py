@@ -61,11 +61,18 @@ def format_status(st: dict) -> str:
     coverage = st.get("coverage") or {}
     for job, report in sorted(coverage.items()):
         lines.append(("coverage: " if len(coverage) == 1 else f"coverage (job {job}): ") + describe(report))
+    jobs = st.get("jobs") or {}
+    for job, j in sorted(jobs.items()):
+        line = (j.get("layout") or {}).get("line")
+        if line:
+            lines.append(("layout: " if len(jobs) == 1 else f"layout (job {job}): ") + line)
     incs = st.get("incidents") or []
     lines.append(f"incidents: {len(incs)}")
     for inc in incs:
+        who = (f"rank {shown(inc.get('first_diverging_rank'))}" if inc.get("decided", True)
+               else "undecided between ranks " + ", ".join(map(str, inc.get("undecided_between") or [])))
         lines.append(f"  {inc.get('incident_id')}: {shown(inc.get('detector'))} "
-                     f"rank {shown(inc.get('first_diverging_rank'))} step {shown(inc.get('step'))} "
+                     f"{who} step {shown(inc.get('step'))} "
                      f"tensor {shown(inc.get('tensor'))} [{shown(inc.get('state'))}] {inc.get('dir') or ''}".rstrip())
     if st.get("collect"):
         lines.append("collect: " + format_collect(st["collect"]))

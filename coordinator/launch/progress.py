@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from rankscope.coordinator.launch.watched import attached_ranks, rank_span
+from rankscope.coordinator.launch.watched import attached_ranks
+from rankscope.wire.spans import rank_span
 from rankscope.wire.watch_line import watch_line
 
 
@@ -20,6 +21,7 @@ class ProgressPrinter:
         self._judged = -1
         self._incidents: set[str] = set()
         self._watch_said: set[str] = set()
+        self._layout: dict[str, str] = {}
         #: Each rank's newest watch status, for the end-of-run lines.
         self.watch: dict[str, dict] = {}
 
@@ -43,6 +45,13 @@ class ProgressPrinter:
         for line in watch_summary(new):
             self.say(line)
         judged = status.get("last_judged_step")
+        if judged is not None and judged >= 0:
+            # Said once the first step is judged: by then every rank's part of it was in.
+            for job, j in sorted((status.get("jobs") or {}).items()):
+                line = (j.get("layout") or {}).get("line")
+                if line and self._layout.get(job) != line:
+                    self._layout[job] = line
+                    self.say(f"layout: {line}")
         if judged is not None and judged >= 0 and judged != self._judged \
                 and (judged - self._judged >= self.every_steps or self._judged < 0):
             self._judged = judged
@@ -60,11 +69,15 @@ class ProgressPrinter:
                     self.say(f"EXPORT on an operator's request at step {shown(inc.get('step'))} (no divergence named); "
                              f"state {shown(inc.get('state'))}")
                     continue
-                split = no_majority(inc)
-                who = (f"{rank_span(split)} hold different replicas, with no majority," if split
-                       else f"names rank {shown(inc.get('first_diverging_rank'))}")
-                self.say(f"DIVERGENCE: {shown(inc.get('detector'))} {who} at step {shown(inc.get('step'))} "
-                         f"({what_of(inc)}); state {shown(inc.get('state'))}")
+                split = undecided(inc)
+                if split:
+                    self.say(f"UNDECIDED: {shown(inc.get('detector'))}: {rank_span(split)} disagree at step "
+                             f"{shown(inc.get('step'))} ({what_of(inc)}) and nothing tells which is wrong; "
+                             f"exported, the job runs on; state {shown(inc.get('state'))}")
+                else:
+                    self.say(f"DIVERGENCE: {shown(inc.get('detector'))} names rank "
+                             f"{shown(inc.get('first_diverging_rank'))} at step {shown(inc.get('step'))} "
+                             f"({what_of(inc)}); state {shown(inc.get('state'))}")
                 hint = (inc.get("evidence") or {}).get("hint")
                 if hint:
                     self.say(f"  hint: {hint}")
@@ -97,10 +110,13 @@ def _failed_step_note(ev: dict[str, Any]) -> str:
     return "  (the first step it did not complete)"
 
 
-def no_majority(incident: dict[str, Any]) -> list[int]:
-    """The ranks of a replica split that no value holds a majority of (e.g. ranks
-    initialised from different seeds), where naming one of them "first" means nothing;
-    [] for any other finding."""
+def undecided(incident: dict[str, Any]) -> list[int]:
+    """The ranks that disagree where nothing tells which of them is wrong (two replicas,
+    a replica split with no majority): naming one of them "first" would be a guess; []
+    for any other finding."""
+    if "decided" in incident:
+        return [] if incident["decided"] else sorted(int(r) for r in incident.get("undecided_between") or [])
+    # A document from before "decided": a replica split with no majority named no one.
     if incident.get("detector") != "replica" or (incident.get("evidence") or {}).get("majority") is not False:
         return []
     return sorted(int(r) for r in [incident.get("first_diverging_rank"), *(incident.get("ties") or [])]
@@ -122,9 +138,10 @@ def format_verdict(incident: dict[str, Any]) -> str:
     ev = incident.get("evidence") or {}
     failed = incident.get("detector") == "progress" and "failed_at" in ev
     head = f"rank {shown(incident.get('first_diverging_rank'))} {'failed' if failed else 'diverged'} first{tie_note}"
-    split = no_majority(incident)
+    split = undecided(incident)
     if split:
-        head = f"{rank_span(split)} hold different replicas, with no majority: no rank can be named first"
+        head = (f"no rank named: {rank_span(split)} disagree, and nothing tells which is wrong (the job was "
+                "left running; the bundles are exported)")
     if incident.get("detector") == "manual":
         head = f"no divergence named: bundles exported on an operator's request at step {shown(incident.get('step'))}"
     lines = [
@@ -189,7 +206,7 @@ def _follower(f: dict[str, Any]) -> str:
 def _other_findings(incident: dict[str, Any], most: int = 3) -> list[dict[str, Any]]:
     """Later verdicts filed under this incident that name another rank or detector."""
     seen = {(incident.get("detector"), incident.get("first_diverging_rank"))}
-    split = bool(no_majority(incident))
+    split = bool(undecided(incident))
     out = []
     for v in incident.get("related_verdicts") or []:
         key = (v.get("detector"), v.get("rank"))

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from rankscope.wire.attach_report import read_failures, read_notes
+from rankscope.wire.spans import rank_span
 from rankscope.wire.watch_line import UNWATCHED
 
 #: Exit status when the command succeeded but some or all of its ranks ran unwatched
@@ -158,6 +159,8 @@ class WatchedRanks:
     last_judged_step: int | None = None
     #: Watched ranks whose watch line names something it could not see (its reason).
     partly: list[int] = field(default_factory=list)
+    #: Watched ranks compared with no other rank: the job's layout said nothing of them.
+    uncompared: list[int] = field(default_factory=list)
 
     @classmethod
     def of(cls, status: dict[str, Any] | None, failures: dict[int, dict[str, Any]]) -> "WatchedRanks":
@@ -171,8 +174,10 @@ class WatchedRanks:
         unwatched += [{"rank": r, "how": NEVER_ATTACHED} for r in silent_ranks(status) if r not in noted]
         unwatched += [{"rank": r, "how": how} for r, how in sorted(blind.items()) if r not in noted]
         judged = status.get("last_judged_step")
+        alone = sorted({int(r) for j in (status.get("jobs") or {}).values()
+                        for r in ((j.get("layout") or {}).get("uncompared") or []) if int(r) in watched})
         return cls(watched, unwatched, judged if isinstance(judged, int) and judged >= 0 else None,
-                   partly_seen(status, watched))
+                   partly_seen(status, watched), alone)
 
     @property
     def complete(self) -> bool:
@@ -207,6 +212,9 @@ def end_of_run_line(cov: WatchedRanks, rc: int, found_divergence: bool) -> str:
     # "No divergence" covers only what was seen: a rank whose watch line names a blind
     # spot (local gradients, a jit body, the kernels) is named here as well.
     partly = f"; NOT ALL SEEN on {rank_span(cov.partly)} (their watch line says what)" if cov.partly else ""
+    if cov.uncompared:
+        partly += (f"; NOT COMPARED: {rank_span(cov.uncompared)} (their layout was not learned: the layout line "
+                   "says what to set)")
     return f"no divergence found in {cov.ranks_text()}{steps}{partly}{missed}; {tail}"
 
 
@@ -238,18 +246,3 @@ def exit_status(cov: WatchedRanks, rc: int, allow_unwatched: bool) -> int:
     if rc != 0 or allow_unwatched or cov.complete:
         return rc
     return UNWATCHED_EXIT
-
-
-def rank_span(ranks: list[int]) -> str:
-    """``ranks 0-3`` for 0,1,2,3; ``ranks 0-2, 5, 9-12``: runs of three or more shortened,
-    so a large job's ranks stay one short phrase."""
-    if not ranks:
-        return ""
-    ranks = sorted(set(ranks))
-    parts, start = [], 0
-    for i in range(1, len(ranks) + 1):
-        if i == len(ranks) or ranks[i] != ranks[i - 1] + 1:
-            run = ranks[start:i]
-            parts += [f"{run[0]}-{run[-1]}"] if len(run) > 2 else [str(r) for r in run]
-            start = i
-    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(parts)

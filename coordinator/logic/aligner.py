@@ -13,111 +13,25 @@ detectors that compare consecutive steps, plus whatever state a detector keeps.
 """
 from __future__ import annotations
 
-import enum
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from rankscope.config.cluster import ClusterSettings
 from rankscope.coordinator.logic.columns import MAX_LAYOUTS, UNKNOWN, KeyTable, RankNames
+from rankscope.coordinator.logic.layout import LayoutBook
+from rankscope.coordinator.logic.members import (  # noqa: F401 (their home was here)
+    LIVE_STATES,
+    Group,
+    RankRecord,
+    RankState,
+    expected_world,
+)
 from rankscope.coordinator.logic.packed_ingest import Run, ingest_whole, write_one
+from rankscope.coordinator.logic.row_sets import RowSets, row_sets
 from rankscope.coordinator.logic.slots import NO_EXEC, Layout, SlotPool, StepSlot, StepView  # noqa: F401 (NO_EXEC: home was here)
 from rankscope.wire.records import StepBatch
 from rankscope.wire.step_pack import StepPack
-from rankscope.wire.sync import SyncPoint
-
-
-class RankState(str, enum.Enum):
-    """EXPECTED: in the group (world size / configured list) but not heard from yet.
-    RUNNING/PAUSED: live, per its heartbeats. STALLED: missed a deadline; not waited
-    for until it reports again. LOST: gone (the node agent said so). FINISHED: ended
-    normally."""
-
-    EXPECTED = "expected"
-    RUNNING = "running"
-    PAUSED = "paused"
-    STALLED = "stalled"
-    LOST = "lost"
-    FINISHED = "finished"
-
-
-LIVE_STATES = frozenset({RankState.EXPECTED, RankState.RUNNING, RankState.PAUSED})
-#: State -> small code, live states first, so one pass over a group's members yields
-#: both masks a tick needs (the tick runs 20 times a second over every rank).
-_CODE = {RankState.EXPECTED: 0, RankState.RUNNING: 1, RankState.PAUSED: 2, RankState.STALLED: 3,
-         RankState.LOST: 4, RankState.FINISHED: 5}
-
-
-@dataclass
-class RankRecord:
-    job: str
-    rank: int
-    group: "Group"
-    pos: int
-    state: RankState = RankState.EXPECTED
-    info: dict[str, Any] = field(default_factory=dict)
-    names: RankNames = field(default_factory=RankNames)
-    last_step: int = -1  # newest step this rank reported
-    last_seen: float | None = None
-    heartbeat_step: int | None = None
-    started: int | None = None  # the step it says it last began (heartbeats)
-    layout: "Layout | None" = None
-    #: Its newest sync point (where it stands relative to its collectives), coordinator clock.
-    sync: SyncPoint | None = None
-    #: How it ended, when it was lost: exit status, signal, reason, exception, time.
-    death: dict[str, Any] | None = None
-    #: How the rank said it is watched (STATUS ``watch``: mode, how, reason), once.
-    watch: dict[str, Any] | None = None
-
-
-class Group:
-    def __init__(self, job: str, index: int, label: str, fixed: tuple[int, ...] | None) -> None:
-        self.job, self.index, self.label = job, index, label
-        self.members: list[RankRecord] = []
-        self.slots: dict[int, StepSlot] = {}
-        self.judged_through = -1
-        self.prev: StepView | None = None
-        self.state: dict[str, Any] = {}  # per-detector history, owned by the detectors
-        self.fixed = fixed
-        self.generation = 0  # bumped when a new run reuses the job id (reset_group)
-        #: Members that ever reported a sync point: none (collectives not watched, e.g. a
-        #: serving job) spares the hang scan its walk over every member.
-        self.synced = 0
-        self._ranks = np.zeros(0, np.int64)
-
-    def ranks(self) -> np.ndarray:
-        """Each member's rank id, read-only (kept while no member joins: members are only
-        ever added, and at 16k ranks building it took ~8 ms of every judged step)."""
-        n = len(self.members)
-        if self._ranks.shape[0] != n:
-            self._ranks = np.fromiter((m.rank for m in self.members), np.int64, n)
-            self._ranks.flags.writeable = False
-        return self._ranks
-
-    def paused_mask(self) -> np.ndarray:
-        return self.masks()[1]
-
-    def live_mask(self) -> np.ndarray:
-        return self.masks()[0]
-
-    def masks(self) -> tuple[np.ndarray, np.ndarray]:
-        """(live, paused) per member."""
-        code = _CODE
-        codes = np.fromiter((code[m.state] for m in self.members), np.int8, len(self.members))
-        return codes <= 2, codes == 2
-
-    def newest_step(self) -> int:
-        return max((m.last_step for m in self.members), default=-1)
-
-
-def expected_world(info: dict[str, Any]) -> int | None:
-    """How many ranks the job this rank belongs to has: its world size, or, for a DP
-    serving worker alone in a world of 1, the number of workers its server started."""
-    ws, dp = info.get("world_size"), info.get("dp_size")
-    if isinstance(dp, int) and dp > 1 and not (isinstance(ws, int) and ws > 1):
-        return dp
-    return ws if isinstance(ws, int) else None
 
 
 class StepAligner:
@@ -127,6 +41,7 @@ class StepAligner:
         self.groups: dict[tuple[str, int], Group] = {}
         self.ranks: dict[tuple[str, int], RankRecord] = {}
         self._world: dict[str, int] = {}
+        self.layouts = LayoutBook(settings.groups, settings.layout)
         self.pool = SlotPool()
         self.counters = {"records": 0, "batches": 0, "late_records": 0, "unknown_name_records": 0,
                          "steps_judged": 0, "steps_by_deadline": 0, "steps_forced": 0, "unranked_batches": 0,
@@ -134,15 +49,14 @@ class StepAligner:
 
     # --- membership ---------------------------------------------------------------
     def _group_for(self, job: str, rank: int) -> Group:
-        groups = self.settings.groups
-        if isinstance(groups, tuple):
-            index = next((i for i, g in enumerate(groups) if rank in g), len(groups))
-            fixed = groups[index] if index < len(groups) else None
-        else:
-            index, fixed = 0, None
-        grp = self.groups.get((job, index))
+        """A job's one group: every rank is aligned with every other (a NaN crosses from
+        one model shard to another through their collectives); who is compared with whom
+        inside it is the layout's (:mod:`.row_sets`)."""
+        grp = self.groups.get((job, 0))
         if grp is None:
-            grp = self.groups[(job, index)] = Group(job, index, f"{job}/{index}", fixed)
+            groups = self.settings.groups
+            fixed = tuple(sorted({r for g in groups for r in g})) if isinstance(groups, tuple) else None
+            grp = self.groups[(job, 0)] = Group(job, 0, f"{job}/0", fixed)
             for r in fixed or ():
                 self._add(job, r, grp)
         return grp
@@ -171,7 +85,10 @@ class StepAligner:
             rec.state = RankState.EXPECTED  # a new process took this rank id (a restart): await it again
             rec.names, rec.layout = RankNames(), None
         rec.info.update(info)
+        if info.get("layout") and not self.layouts.has_facts(job, rank):
+            rec.group.owed.add(rec.pos)
         ws = expected_world(info)
+        self.layouts.note_rank(job, rank, ws)
         # In "dp"/"replicas" mode the group is the whole job: expect every rank of the
         # world size, so step 0 is not judged before the slow starters registered.
         if isinstance(ws, int) and not isinstance(self.settings.groups, tuple) \
@@ -181,9 +98,28 @@ class StepAligner:
                 self.rank(job, r)
         return rec
 
+    def learn_layout(self, job: str, rank: int, facts: dict[str, Any]) -> None:
+        """A rank's layout facts (wire.layout_facts), validated."""
+        rec = self.rank(job, rank)
+        self.layouts.learn(job, rank, facts)
+        rec.group.owed.discard(rec.pos)
+
+    def sets_of(self, grp: Group) -> RowSets:
+        """The group's rows as the job's layout lays them out, cached until either changes."""
+        n = len(grp.members)
+        if grp.sets is not None and grp.sets[0] == (self.layouts.current(grp.job), n):
+            return grp.sets[1]
+        layout = self.layouts.layout(grp.job, grp.ranks().tolist())
+        key = (layout.version, n)
+        if grp.sets is None or grp.sets[0] != key:
+            grp.sets = (key, row_sets(layout, grp.ranks()))
+        return grp.sets[1]
+
     def reset_group(self, grp: Group, world_size: Any = None) -> None:
         grp.slots.clear()
         grp.judged_through, grp.prev, grp.state = -1, None, {}
+        grp.owed.clear()
+        self.layouts.forget(grp.job)  # the new run says its own layout
         grp.generation += 1
         for m in grp.members:
             m.last_step, m.heartbeat_step, m.layout = -1, None, None
@@ -281,10 +217,9 @@ class StepAligner:
         if rec.state in (RankState.EXPECTED, RankState.STALLED) or \
                 (rec.state is RankState.FINISHED and rec.last_step < 0):
             rec.state = RankState.RUNNING
-        if step > rec.last_step:
-            rec.last_step = step
+        rec.last_step = max(rec.last_step, step)
 
-    def _layout(self, rec: RankRecord, table: KeyTable, b: StepBatch, raw: bytes) -> "Layout":
+    def _layout(self, rec: RankRecord, table: KeyTable, b: StepBatch, raw: bytes) -> Layout:
         sig = rec.names.sig
         if sig is not None:
             same = table.layouts.get((sig, raw))
@@ -341,6 +276,9 @@ class StepAligner:
                 late = now - slot.created >= self.settings.deadline_s
                 if missing.any() and not (force or late or over):
                     break
+                if grp.owed and not (force or late or over) and \
+                        any(p < rows and slot.reported[p] for p in grp.owed):
+                    break  # their layout, which says who is compared with whom, is on its way
                 del grp.slots[step]
                 held -= slot.nbytes
                 grp.judged_through = step
@@ -364,7 +302,7 @@ class StepAligner:
             reported=slot.reported[:r], token=slot.token[:r], present=slot.present[:r, :k], exec=slot.exec[:r, :k],
             stats=slot.stats[:r, :k], nan=slot.nan[:r, :k], inf=slot.inf[:r, :k],
             numel=slot.numel[:r, :k], crc=slot.crc[:r, :k], kind=table.kind[:k].copy(), keys=table,
-            replicas_mode=self.settings.replicas_mode, prev=grp.prev,
+            replicas_mode=self.settings.replicas_mode, prev=grp.prev, sets=self.sets_of(grp),
             missing=[int(x) for x in ranks[missing]], by_deadline=by_deadline,
         )
 

@@ -164,6 +164,14 @@ class CoordinatorCore:
             self.failures.death(rec.group, Death(rank, died_at, exit_status, signal, reason, exception, last_step,
                                                  sync, position), self.clock())
 
+    def on_layout(self, job: str, rank: int, facts: dict[str, Any]) -> None:
+        """What the rank saw of the job's parallel layout (validated by the wire decoder)."""
+        self.aligner.learn_layout(job, rank, facts)
+
+    def layout(self, job: str) -> dict[str, Any]:
+        """The job's layout as users read it: its line, where it came from, its sets."""
+        return self.aligner.layouts.layout(job).to_dict()
+
     def on_watch(self, job: str, rank: int, detail: dict[str, Any]) -> None:
         """The rank said how it is watched (validated by the wire decoder)."""
         self.aligner.rank(job, rank).watch = {k: detail[k] for k in ("mode", "how", "reason")}
@@ -257,6 +265,8 @@ class CoordinatorCore:
         # Other detectors stay quiet about a flagged rank for repeat_after_steps.
         if v.detector == "nan_origin":
             key, until = (v.detector, v.group, None), math.inf
+        elif not v.decided:  # names nobody: a later verdict about one of these ranks is new
+            key, until = (v.detector, v.group, tuple(v.candidates)), v.step + self.settings.detectors.repeat_after_steps
         else:
             key, until = (v.detector, v.group, v.rank), v.step + self.settings.detectors.repeat_after_steps
         if v.step < self._quiet.get(key, -math.inf):
@@ -352,6 +362,7 @@ class CoordinatorCore:
             for r in j["ranks"].values():
                 r["lag"] = j["newest_step"] - r["step"]
             j["cut"] = self.book.cut_report(job)
+            j["layout"] = self.layout(job)
         return {
             "jobs": jobs, "pending_steps": self.aligner.pending_steps(), "counters": dict(self.aligner.counters),
             "steps_judged": self.aligner.counters["steps_judged"], "records": self.aligner.counters["records"],

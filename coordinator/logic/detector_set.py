@@ -17,6 +17,7 @@ class StepDetector(Protocol):
 
 def build_step_detectors(settings: ClusterSettings) -> list[Any]:
     # Imported here so each detector module stays importable (and testable) on its own.
+    from rankscope.coordinator.logic.detectors.moved import ParamMovedDetector
     from rankscope.coordinator.logic.detectors.nan_origin import NanOriginDetector
     from rankscope.coordinator.logic.detectors.outlier import OutlierDetector
     from rankscope.coordinator.logic.detectors.replica import ReplicaDetector
@@ -29,6 +30,8 @@ def build_step_detectors(settings: ClusterSettings) -> list[Any]:
         out.append(NanOriginDetector(None if kinds >= _kinds(tuple(k.name for k in Kind)) else kinds))
     if d.replica.enabled:
         out.append(ReplicaDetector(_kinds(d.replica.kinds)))
+    if d.param_moved.enabled:
+        out.append(ParamMovedDetector())
     if d.outlier.enabled:
         out.append(OutlierDetector(d.outlier))
     if settings.watchpoints:

@@ -51,6 +51,9 @@ class IncidentBook:
         # must leave the job held, not resume it as the export policy does.
         self.held_by_operator: set[str] = set()
         self.cuts = CutKeeper()
+        #: A named culprit that came while an undecided incident of its job was open: it
+        #: opens its own incident (with the job's policy) once that one is over.
+        self.deferred: dict[str, Verdict] = {}
         for inc in self.store.load_all():  # a restarted coordinator keeps its incidents
             self.by_id[inc.incident_id] = inc
             if inc.state is IncidentState.TERMINATED:
@@ -66,18 +69,26 @@ class IncidentBook:
         if v.job in self.terminated_jobs:
             return None
         inc = self.active(v.job)
+        if inc is not None and v.decided and not inc.verdict.decided and v.job not in self.deferred:
+            self.deferred[v.job] = v
+            return inc
         if inc is not None:
             if len(inc.related) < MAX_RELATED:
                 inc.related.append(v.to_dict())
                 self.store.save(inc)
             return inc
         wall = self.wall_clock()
-        who = f"-r{v.rank}" if v.rank >= 0 else ""  # an operator's export names no rank
+        # An operator's export names no rank; an undecided verdict names none either.
+        who = "-undecided" if not v.decided else f"-r{v.rank}" if v.rank >= 0 else ""
         base = f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime(wall))}-{v.detector}{who}-s{v.step}"
         iid, n = base, 1
         while iid in self.by_id:
             n += 1
             iid = f"{base}-{n}"
+        if not v.decided:
+            # Nobody to stop: a pause or a termination would hit the right rank's replicas
+            # as surely as the wrong one. Export what there is and let the job run.
+            policy = OnDivergence.CONTINUE
         inc = self.by_id[iid] = Incident(iid, v.job, policy or self.settings.on_divergence, v, wall)
         self.fire(inc, IncidentEvent.START)
         if v.urgent:
@@ -153,7 +164,9 @@ class IncidentBook:
 
     def advance(self, now: float) -> None:
         """Fire the events the rank table shows: a rank past the cut, all paused, all
-        bundles in, or a timeout."""
+        bundles in, or a timeout; open a deferred verdict's incident once its job has none."""
+        for job in [j for j in self.deferred if self.active(j) is None]:
+            self.open_or_attach(self.deferred.pop(job))
         self._review_cuts()
         for inc in [i for i in self.by_id.values() if not i.final]:
             since = self._since.get(inc.incident_id, now)

@@ -64,8 +64,11 @@ def incident_document(incident: Incident, ranks: Mapping[int, Mapping[str, Any]]
     doc = {
         "incident_id": incident.incident_id,
         "detector": v.detector,
-        "first_diverging_rank": v.rank,
-        "ties": v.ties,
+        # None when the ranks that disagree cannot be told apart: never a guess.
+        "first_diverging_rank": v.rank if v.decided else None,
+        "ties": v.ties if v.decided else [],
+        "decided": v.decided,
+        "undecided_between": [] if v.decided else v.candidates,
         "step": v.step,
         "token": v.token,
         "tensor": v.tensor,

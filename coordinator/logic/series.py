@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from rankscope.coordinator.logic.aligner import StepView
-from rankscope.coordinator.logic.detectors.common import nanmedian0
+from rankscope.coordinator.logic.detectors.common import set_medians
 from rankscope.coordinator.logic.detectors.outlier import log_values
 from rankscope.coordinator.logic.recent import RecentSteps
 from rankscope.wire.records import Kind
@@ -48,18 +48,19 @@ class SeriesRecorder:
             with np.errstate(invalid="ignore", over="ignore"):
                 gnorm = np.where(g_in, np.sqrt(np.sum(n * n, axis=1)), np.nan)
         # Deviation: the largest |log ratio| of a rank's loss/grad/activation norm to the
-        # group median over this step's comparable columns (0 = exactly typical).
+        # median of the ranks it compares with over this step's columns (0 = exactly typical).
         cached = view.cache.get("log_norms")
         if cached is None:
             cols = np.flatnonzero(np.isin(view.kind, (Kind.LOSS, Kind.GRAD_LOCAL, Kind.FORWARD)))
             y = log_values(view, cols)
-            med = nanmedian0(y) if cols.shape[0] else np.zeros(0)
+            sets = view.sets
+            med = set_medians(y, None if sets is None or sets.whole else sets.role_groups())[0]
         else:
-            cols, y, med = cached
+            cols, y, med = cached  # med: each row's set median, (R, C)
         dev = np.zeros(view.ranks.shape[0])
         if cols.shape[0] and view.ranks.shape[0] > 1:
             with np.errstate(invalid="ignore"):
-                d = np.abs(y - med[None, :])
+                d = np.abs(y - med)
             d = np.where(np.isfinite(d), d, 0.0)
             dev = d.max(axis=1)
             bad = (view.nan[:, cols] + view.inf[:, cols] > 0).any(axis=1)

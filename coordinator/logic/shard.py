@@ -139,5 +139,8 @@ def resync_events(core: CoordinatorCore) -> list[tuple[str, tuple, dict]]:
             d = rec.death
             out.append(("on_rank_lost", (job, rank, rec.last_step, d.get("exit_status"), d.get("reason", "")),
                         {"died_at": d.get("died_at"), "signal": d.get("signal"), "exception": d.get("exception")}))
+    jobs = {job for job, _ in core.aligner.ranks}
+    out += [("on_layout", (job, rank, facts), {}) for job in sorted(jobs)
+            for rank, facts in sorted(core.aligner.layouts.facts(job).items())]
     out += [("job_terminated", (job,), {}) for job in sorted(core.terminated_jobs)]
     return out

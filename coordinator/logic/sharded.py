@@ -36,6 +36,10 @@ class ShardedCore:
         for c in self._all():
             c.on_register(job, rank, info)
 
+    def on_layout(self, *args: Any, **kw: Any) -> None:
+        for c in self._all():
+            c.on_layout(*args, **kw)
+
     def on_heartbeat(self, *args: Any, **kw: Any) -> None:
         for c in self._all():
             c.on_heartbeat(*args, **kw)

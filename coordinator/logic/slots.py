@@ -177,6 +177,8 @@ class StepView:
     keys: KeyTable
     replicas_mode: bool = False
     prev: "StepView | None" = None
+    #: Which rows must agree and which compare (the job's layout); None: every row alike.
+    sets: Any = None
     missing: list[int] = field(default_factory=list)  # live ranks absent at judging
     by_deadline: bool = False
     cache: dict[str, Any] = field(default_factory=dict)  # values one detector computed for others

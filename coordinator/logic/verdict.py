@@ -6,7 +6,7 @@ from typing import Any
 
 #: Detector names in the order a user trusts them (DESIGN "How a divergence is found");
 #: verdicts of one judged step are returned in this order.
-TRUST_ORDER = ("nan_origin", "replica", "outlier", "progress", "watchpoint")
+TRUST_ORDER = ("nan_origin", "replica", "param_moved", "outlier", "progress", "watchpoint")
 
 
 @dataclass
@@ -31,6 +31,14 @@ class Verdict:
     #: A crash or hang: ranks that died or are stuck cannot pause, so the incident
     #: exports at once instead of waiting for the pause.
     urgent: bool = False
+    #: False: the ranks ``[rank, *ties]`` disagree and nothing tells which one is wrong
+    #: (two replicas, no majority). Such a verdict names no culprit: its incident exports
+    #: and the job runs on, whatever ``on_divergence`` says.
+    decided: bool = True
+
+    @property
+    def candidates(self) -> list[int]:
+        return sorted({self.rank, *self.ties})
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -41,11 +49,14 @@ class Verdict:
 
     def sort_key(self) -> tuple:
         order = TRUST_ORDER.index(self.detector) if self.detector in TRUST_ORDER else len(TRUST_ORDER)
-        return (self.step, order, -1 if self.exec_index is None else self.exec_index, self.rank)
+        # A verdict that names a rank goes before one that cannot, of the same step.
+        return (self.step, not self.decided, order, -1 if self.exec_index is None else self.exec_index, self.rank)
 
     def summary(self) -> str:
         if self.detector == "manual":
             return f"manual: bundles exported on an operator's request at step {self.step} (no divergence named)"
         where = f" tensor {self.tensor}" if self.tensor else ""
+        if not self.decided:
+            return f"{self.detector}: undecided between ranks {self.candidates} step {self.step}{where}"
         ties = f" (tied with ranks {self.ties})" if self.ties else ""
         return f"{self.detector}: rank {self.rank} step {self.step}{where}{ties}"

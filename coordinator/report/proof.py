@@ -18,6 +18,8 @@ NAMED = " \u2190 named"
 
 def suspects(incident: dict) -> tuple[Any, set[str]]:
     """(the named rank as text, the tied ranks as text)."""
+    if incident.get("decided") is False:  # nobody named: the ranks that disagree are shown alike
+        return "", {str(t) for t in incident.get("undecided_between") or []}
     return str(incident.get("first_diverging_rank")), {str(t) for t in incident.get("ties") or []}
 
 
@@ -29,7 +31,7 @@ def _row_class(rank: Any, first: str, ties: set[str]) -> str:
 def key_stat(incident: dict) -> str:
     """The statistic the rule judged: |loss| is the Mean of a loss record, else the Norm;
     a replica finding is about the checksum."""
-    if incident.get("detector") == "replica":
+    if incident.get("detector") in ("replica", "param_moved"):
         return "crc32"
     ev = incident.get("evidence") or {}
     if ev.get("value") == "|loss|" or incident.get("kind") == "loss":
@@ -57,6 +59,8 @@ def threshold_cells(incident: dict, fields: list[str]) -> dict[str, str]:
         out["crc32"] = f"= {ev.get('majority_crc32') or 'majority'} (bit for bit)"
         for s in STATS:
             out[s] = "= majority"
+    elif det == "param_moved":
+        out["crc32"] = f"= {ev.get('crc32_after_last_update') or 'its value'} (what its last update left)"
     elif det == "watchpoint":
         out["_note"] = str(ev.get("rule") or ev.get("condition") or "")
     return {k: v for k, v in out.items() if k == "_note" or k in fields}

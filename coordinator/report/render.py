@@ -106,6 +106,13 @@ def verdict_line(incident: dict) -> str:
     ev = incident.get("evidence") or {}
     if det == "manual":
         return f"Bundles exported on an operator's request at step {step} (no divergence was named)"
+    if incident.get("decided") is False:
+        who = ", ".join(str(r) for r in incident.get("undecided_between") or [])
+        return (f"Ranks {who} disagree at step {step} and nothing tells which of them is wrong: no rank is "
+                "named, and the job was left running")
+    if det == "param_moved" or (det == "replica" and "outside the optimizer" in str(ev.get("rule", ""))):
+        return (f"Rank {rank}'s weights changed outside the optimizer before step {step} (between the last "
+                "update and this step's start); its replicas' did not")
     if det == "progress" and ev.get("manner"):
         followers = ev.get("followers") or []
         tail = f"; {len(followers)} rank(s) went down after it" if followers else ""

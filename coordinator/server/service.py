@@ -10,7 +10,6 @@ from __future__ import annotations
 import collections
 import json
 import logging
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -20,7 +19,8 @@ from rankscope.coordinator.server.actions import ActionPerformer
 from rankscope.coordinator.server.frontend import Frontend, Handlers, Peer
 from rankscope.coordinator.server.gc_pace import GcPacer
 from rankscope.coordinator.server.metrics import CoordinatorMetrics
-from rankscope.wire import job_config, protocol
+from rankscope.coordinator.server.service_status import StatusReports
+from rankscope.wire import job_config, layout_facts, protocol
 from rankscope.wire.layout import rank_from_wire
 from rankscope.wire.position import position_from_wire
 from rankscope.wire.protocol import Message
@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 
 
 
-class CoordinatorService(Handlers):
+class CoordinatorService(StatusReports, Handlers):
     def __init__(self, export_dir: str | Path, cluster: dict | None = None, *,
                  bind: str = "tcp://127.0.0.1:0", job: str | None = None, curve: Any = None,
                  tick_s: float = 0.05, ray_metrics: bool = False, config: dict | None = None,
@@ -159,6 +159,9 @@ class CoordinatorService(Handlers):
                                    started=started if isinstance(started, int) and not isinstance(started, bool) else None)
         elif isinstance(rank, int) and what == "watch":
             self.ingest.on_watch(job, rank, detail)
+        elif what == layout_facts.WHAT:
+            rank, facts = layout_facts.check_detail(detail)  # checked by the decoder already: it cannot raise
+            self.ingest.on_layout(job, rank, facts)
         elif isinstance(rank, int) and what == "finished":
             self.ingest.on_rank_finished(job, rank, step if step >= 0 else None)
         if what.startswith("collect") and self.collector is not None:
@@ -250,12 +253,6 @@ class CoordinatorService(Handlers):
         ranks = ((self.core.status().get("jobs") or {}).get(job) or {}).get("ranks") or {}
         return {int(r): (v["state"], v["step"]) for r, v in ranks.items()}
 
-    @staticmethod
-    def _lag(core_status: dict) -> float:
-        lags = [r.get("lag", 0) for j in (core_status.get("jobs") or {}).values()
-                for r in j["ranks"].values() if r.get("state") in ("running", "paused", "expected")]
-        return float(max(lags, default=0))
-
     def _send_control(self, command: str, *, job: str, incident: str | None = None,
                       args: dict | None = None, target: int | None = None) -> int:
         return self.frontend.send_control(command, job=job, args=args, incident=incident,
@@ -266,62 +263,6 @@ class CoordinatorService(Handlers):
         return (self.frontend.peers_for(job) if job else []) or list(self.frontend.peers)
 
     # --- operations (any thread) -------------------------------------------------------
-    def status(self, brief: bool = False) -> dict:
-        """``brief``: counters, progress and incidents only, without a row per rank (what a
-        poller needs; a full status of 16k ranks holds the ingest thread ~0.1 s)."""
-        return self.frontend.call_sync(self._brief if brief else self._status)
-
-    def _brief(self) -> dict:
-        counters = dict(self.core.aligner.counters)
-        return {
-            "endpoint": self.endpoint, "job": self.job, "pid": os.getpid(),
-            "last_judged_step": self.last_judged_step, "pending_steps": self.core.aligner.pending_steps(),
-            "judged_walls": list(self.judged_walls), "counters": counters, "incidents": self._incidents(),
-            "metrics": self.metrics.snapshot(), "frames_in": self.frontend.frames_in,
-            "rejected": dict(self.frontend.decoder.rejected), "duplicates": self.frontend.replay.duplicates,
-            "first_step_wall": self.frontend.first_step_wall, "last_step_wall": self.frontend.last_step_wall,
-            **(self._shard_status(brief=True) if self.link is not None else {}),
-        }
-
-    def _status(self) -> dict:
-        core = self.core.status()
-        ranks: dict[str, dict] = {}
-        for job, j in (core.get("jobs") or {}).items():
-            if self.job is None or job == self.job:
-                ranks.update(j["ranks"])
-        return {
-            "endpoint": self.endpoint, "job": self.job, "ranks": ranks, "pid": os.getpid(),
-            "last_judged_step": self.last_judged_step, "pending_steps": core.get("pending_steps"),
-            "judged_walls": list(self.judged_walls),
-            "counters": core.get("counters"), "jobs": core.get("jobs"),
-            "incidents": self._incidents(), "terminated": self.actions.terminated,
-            "metrics": self.metrics.snapshot(), "lag_steps": self._lag(core),
-            "peers": len(self.frontend.peers), "frames_in": self.frontend.frames_in,
-            "rejected": dict(self.frontend.decoder.rejected), "duplicates": self.frontend.replay.duplicates,
-            "first_step_wall": self.frontend.first_step_wall, "last_step_wall": self.frontend.last_step_wall,
-            "collect": self.collector.progress() if self.collector is not None else None,
-            "coverage": self._coverage(),
-            **(self._shard_status() if self.link is not None else {}),
-        }
-
-    def _shard_status(self, brief: bool = False) -> dict:
-        from rankscope.coordinator.logic.summaries import merge_counters
-        shards = self.link.status(brief)
-        # The verdict actor takes no records itself: its counters are the shards'.
-        return {"shards": shards, "records": sum(s.get("records", 0) for s in shards),
-                "counters": merge_counters([s["counters"] for s in shards if s.get("counters")])}
-
-    def _coverage(self) -> dict[str, dict]:
-        jobs = {j for j, _ in self.core.aligner.ranks}
-        return {j: self.core.coverage_report(j) for j in sorted(jobs) if self.job is None or j == self.job}
-
-    def incidents(self) -> list[dict]:
-        return self.frontend.call_sync(self._incidents)
-
-    def _incidents(self) -> list[dict]:
-        return [{**d, "transfer_problems": self.actions.problems(d["incident_id"]),
-                 "bytes_received": self.actions.received.get(d["incident_id"], 0)} for d in self.core.documents()]
-
     def control(self, command: str, args: dict | None = None) -> dict:
         return self.frontend.call_sync(self._control, command, dict(args or {}))
 

@@ -38,6 +38,22 @@ def nanmedian0(a: np.ndarray) -> np.ndarray:
     return med
 
 
+def set_medians(a: np.ndarray, groups: list[np.ndarray] | None) -> tuple[np.ndarray, np.ndarray]:
+    """(median, count of finite values) of each row's set, as (R, C) arrays. ``groups``
+    None: one set of every row; else the rows of each set of two or more (a row in none
+    is a set of its own: its median is its own value)."""
+    if groups is None:
+        med = nanmedian0(a)
+        return np.broadcast_to(med, a.shape), np.broadcast_to(np.isfinite(a).sum(axis=0), a.shape)
+    med = a.copy()
+    n = np.isfinite(a).astype(np.int64)
+    for rows in groups:
+        sub = a[rows]
+        med[rows] = nanmedian0(sub)[None, :]
+        n[rows] = np.isfinite(sub).sum(axis=0)[None, :]
+    return med, n
+
+
 def kind_mask(kinds: np.ndarray, wanted: frozenset[int] | set[int]) -> np.ndarray:
     """Columns whose kind is in ``wanted`` (a lookup table: np.isin sorts every call)."""
     lut = np.zeros(257, bool)

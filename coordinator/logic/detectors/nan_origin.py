@@ -6,6 +6,12 @@ whole group. The origin shows only in records measured before any collective
 first; only if none is non-finite (e.g. a parameter corrupted in place) are the
 replicated kinds searched.
 
+A collective hands a NaN on to every rank of its group: a tensor-parallel AllReduce to the
+other shards, a pipeline send to the next stage. A rank whose first non-finite record is
+a collective's output while its own input to that call was finite only received it, and
+is passed over for the ranks that did not (:func:`receivers`), whatever their shard,
+stage or execution order.
+
 A rank that produced a NaN and died (or hung) before its records of that step left it
 is absent from the step, while every rank seen holds the NaN the reduction gave it. The
 ranks seen are then all receivers: the absent ranks are named, the only ones that could
@@ -17,7 +23,7 @@ import dataclasses
 
 import numpy as np
 
-from rankscope.coordinator.logic.aligner import StepView
+from rankscope.coordinator.logic.aligner import NO_EXEC, StepView
 from rankscope.coordinator.logic.detectors.common import (
     first_flagged,
     group_values,
@@ -25,6 +31,7 @@ from rankscope.coordinator.logic.detectors.common import (
     make_verdict,
     stats_dict,
 )
+from rankscope.coordinator.logic.detectors.named import call_inputs, collective_io
 from rankscope.coordinator.logic.verdict import Verdict
 from rankscope.wire.records import PRE_REDUCTION_KINDS
 
@@ -51,20 +58,43 @@ class NanOriginDetector:
         if not bad.any():
             return []
         pre = bad & kind_mask(view.kind, _PRE)[None, :]
-        flag = pre if pre.any() else bad
+        before = bool(pre.any())
+        flag = pre if before else bad
+        got = receivers(view, flag, bad)
+        if got.any() and (flag.any(axis=1) & ~got).any():
+            flag = flag & ~got[:, None]
         row, col, ties = first_flagged(view, flag)  # type: ignore[misc]
         nonfinite = (view.nan[:, col] + view.inf[:, col]).astype(float)
-        absent = None if flag is pre else _unseen_senders(view, bad)
+        absent = None if before else _unseen_senders(view, bad)
         if absent is not None:
             return [_inferred(view, row, col, absent, nonfinite)]
         evidence = {
-            "rule": _RULE + (_BEFORE if flag is pre else " (no pre-reduction record is non-finite)"),
+            "rule": _RULE + (_BEFORE if before else " (no pre-reduction record is non-finite)"),
             "nan_count": int(view.nan[row, col]), "inf_count": int(view.inf[row, col]),
             "numel": int(view.numel[row, col]), "stats": stats_dict(view, row, col),
             "group_nonfinite_counts": group_values(view, col, nonfinite, [row]),
             "ranks_nonfinite_this_step": int(bad.any(axis=1).sum()),
         }
+        if got.any():
+            evidence["received_through_a_collective"] = sorted(int(view.ranks[r]) for r in np.flatnonzero(got))
         return [make_verdict(self.name, view, row, col, ties, evidence)]
+
+
+def receivers(view: StepView, flag: np.ndarray, bad: np.ndarray) -> np.ndarray:
+    """(R,) rows whose first flagged record is a collective's output while every input
+    they gave that call was finite: the value came to them from the group."""
+    out = np.zeros(view.ranks.shape[0], bool)
+    rows = np.flatnonzero(flag.any(axis=1))
+    if not rows.shape[0]:
+        return out
+    first = np.argmin(np.where(flag[rows], view.exec[rows], NO_EXEC), axis=1)
+    for r, c in zip(rows.tolist(), first.tolist()):
+        io = collective_io(view.keys, c)
+        if io is None or io.io != "output":
+            continue
+        ins = [i for i in call_inputs(view.keys, io) if i < flag.shape[1] and view.present[r, i]]
+        out[r] = bool(ins) and not bad[r, ins].any()
+    return out
 
 
 def _unseen_senders(view: StepView, bad: np.ndarray) -> np.ndarray | None:

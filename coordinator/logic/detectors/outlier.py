@@ -25,9 +25,10 @@ from rankscope.coordinator.logic.detectors.common import (
     group_values,
     kind_mask,
     make_verdict,
-    nanmedian0,
     num,
+    set_medians,
 )
+from rankscope.coordinator.logic.detectors.pairs import PairFinding, judge_pairs
 from rankscope.coordinator.logic.verdict import Verdict
 from rankscope.wire.records import Kind
 
@@ -55,18 +56,20 @@ class OutlierDetector:
         self.log_hist_ratio = math.log(settings.history_ratio)
 
     def _peer(self, y: np.ndarray, z: float, log_floor: float, kinds: np.ndarray, cols: np.ndarray,
-              tails: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        n = np.isfinite(y).sum(axis=0)
-        med = nanmedian0(y)
-        dev = y - med[None, :]
+              tails: dict, groups: list[np.ndarray] | None = None
+              ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Flags against each row's set (``groups``: the layout's role sets; None: every
+        row one set), and the (R, C) set medians and MADs, and the (C,) floor."""
+        med, n = set_medians(y, groups)
+        dev = y - med
         ad = np.abs(dev)
-        mad = nanmedian0(ad)
+        mad, _ = set_medians(ad, groups)
         floor, learned = self._tail_floor(tails, kinds, cols, log_floor)
         with np.errstate(invalid="ignore"):
             # Before a column has history only a high-side jump counts: values that
             # collapse on one rank (sparse / MoE layers given few tokens) are routine.
             beyond = np.where(learned[None, :], ad, dev) > floor[None, :]
-            flag = (ad > z * _SIGMA * mad[None, :]) & beyond & (n >= self.s.min_ranks)[None, :]
+            flag = (ad > z * _SIGMA * mad) & beyond & (n >= self.s.min_ranks)
         self._tail_update(tails, kinds, cols, np.where(flag | ~np.isfinite(ad), np.nan, ad))
         return flag, med, mad, floor
 
@@ -132,13 +135,18 @@ class OutlierDetector:
             return []
         y = log_values(view, cols)
         kinds = view.kind[cols].astype(np.int64)
+        sets = view.sets
+        groups = None if sets is None or sets.whole else sets.role_groups()
         flag_peer, med, mad, floor = self._peer(y, self.s.z, self.log_ratio, kinds, cols,
-                                                state.setdefault("tail", {}))
+                                                state.setdefault("tail", {}), groups)
         view.cache["log_norms"] = (cols, y, med)  # reused by the report series
-        flag_hist, level = self._history(y, cols, kinds, state, view.ranks.shape[0])
+        pairs = self._pairs(view, y, cols, floor, groups, state) if groups else None
+        flag_hist, level = self._history(y, cols, kinds, state, view.ranks.shape[0], groups)
         flag = flag_peer | flag_hist
+        if pairs is not None:
+            flag = flag | pairs.flag
         if not flag.any():
-            return []
+            return self._undecided(view, cols, y, pairs) if pairs is not None and pairs.undecided else []
         full = np.zeros_like(view.present)
         full[:, cols] = flag
         row, col, ties = first_flagged(view, full)  # type: ignore[misc]
@@ -146,23 +154,55 @@ class OutlierDetector:
         is_loss = view.kind[col] == Kind.LOSS
         value_name = "|loss|" if is_loss else "Norm"
         vals = np.exp(y[:, j])
+        m, d = med[row, j], mad[row, j]
         evidence = {
             "rule": ("peer" if flag_peer[row, j] else "") + ("+" if flag_peer[row, j] and flag_hist[row, j] else "")
             + ("history" if flag_hist[row, j] else ""),
-            "value": value_name, "rank_value": num(vals[row]), "group_median": num(math.exp(med[j])) if np.isfinite(med[j]) else None,
-            "ratio_to_median": num(math.exp(y[row, j] - med[j])) if np.isfinite(med[j]) else None,
-            "robust_z": num(abs(y[row, j] - med[j]) / (_SIGMA * mad[j])) if mad[j] > 0 else "inf",
+            "value": value_name, "rank_value": num(vals[row]), "group_median": num(math.exp(m)) if np.isfinite(m) else None,
+            "ratio_to_median": num(math.exp(y[row, j] - m)) if np.isfinite(m) else None,
+            "robust_z": num(abs(y[row, j] - m) / (_SIGMA * d)) if d > 0 else "inf",
             "rank_history_level": num(math.exp(level[row, j])) if np.isfinite(level[row, j]) else None,
             "thresholds": {"z": self.s.z, "ratio": self.s.ratio, "history_z": self.s.history_z,
                            "history_ratio": self.s.history_ratio,
                            "effective_ratio": num(math.exp(floor[j]))},
             "group_values": group_values(view, col, np.where(view.present[:, col], vals, np.nan), [row]),
         }
-        if mad[j] > 0:  # each rank's score on the rule's scale, beside the threshold z
-            z_all = np.abs(y[:, j] - med[j]) / (_SIGMA * mad[j])
+        if d > 0:  # each rank's score on the rule's scale, beside the threshold z
+            with np.errstate(divide="ignore", invalid="ignore"):
+                z_all = np.abs(y[:, j] - med[:, j]) / (_SIGMA * mad[:, j])
             evidence["robust_z_by_rank"] = {r: num(z_all[int(np.flatnonzero(view.ranks == int(r))[0])])
                                             for r in evidence["group_values"]["by_rank"]}
+        if pairs is not None and (row, j) in pairs.evidence and not (flag_peer[row, j] or flag_hist[row, j]):
+            evidence.update(pairs.evidence[(row, j)])
+            evidence["other_replica"] = int(view.ranks[_pair_of(groups, row)])
+        if groups is not None:
+            evidence["compared_with"] = sorted(int(view.ranks[r]) for r in _set_of(groups, row))[:64]
         return [make_verdict(self.name, view, row, col, ties, evidence)]
+
+    def _pairs(self, view: StepView, y: np.ndarray, cols: np.ndarray, floor: np.ndarray,
+               groups: list[np.ndarray], state: dict) -> PairFinding | None:
+        """Two-rank role sets (two replicas), judged by the evidence that needs no majority."""
+        two = [g for g in groups if g.shape[0] == 2]
+        if not two:
+            return None
+        rows = view.ranks.shape[0]
+        h = self._history_arrays(state, cols, rows)
+        count = h["count"][:rows].copy()
+        level = np.where(count > 0, h["mean"][:rows], np.nan)
+        peers = {int(r): view.sets.peers_in_replica(int(r)) for g in two for r in g}
+        return judge_pairs(y, two, peers, level, count, floor, self.log_ratio, self.log_hist_ratio)
+
+    def _undecided(self, view: StepView, cols: np.ndarray, y: np.ndarray, pairs: PairFinding) -> list[Verdict]:
+        """The earliest disagreement no evidence could settle: a verdict naming nobody."""
+        j, a, b, ev = min(pairs.undecided, key=lambda u: (int(min(view.exec[u[1], cols[u[0]]],
+                                                                   view.exec[u[2], cols[u[0]]])), u[1]))
+        col = int(cols[j])
+        row, other = (a, b) if view.ranks[a] < view.ranks[b] else (b, a)
+        ev = {**ev, "value": "|loss|" if view.kind[col] == Kind.LOSS else "Norm",
+              "by_rank": {str(int(view.ranks[r])): num(math.exp(y[r, j])) for r in (row, other)}}
+        v = make_verdict(self.name, view, row, col, [other], ev)
+        v.decided = False
+        return [v]
 
     @staticmethod
     def _history_arrays(state: dict, cols: np.ndarray, rows: int) -> dict:
@@ -189,8 +229,12 @@ class OutlierDetector:
         state["hist"] = new
         return new
 
+    def _own_limit(self, absdev: np.ndarray) -> np.ndarray:
+        """How far a change may go against the rank's own running deviation."""
+        return np.maximum(self.s.history_z * _MEAN_ABS_TO_SIGMA * absdev, self.log_hist_ratio)
+
     def _history(self, y: np.ndarray, cols: np.ndarray, kinds: np.ndarray, state: dict,
-                 rows: int) -> tuple[np.ndarray, np.ndarray]:
+                 rows: int, groups: list[np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Flag changes against each rank's own EWMA level, then fold this step in."""
         h = self._history_arrays(state, cols, rows)
         m, a, c = h["mean"][:rows], h["absdev"][:rows], h["count"][:rows]
@@ -199,13 +243,20 @@ class OutlierDetector:
         flag = np.zeros(y.shape, bool)
         if self.s.history:
             d = np.where(fin & (c >= self.s.min_history), y - m, np.nan)
-            if (np.isfinite(d).sum(axis=0) >= self.s.min_ranks).any():
+            if groups is not None:
+                # Each cell against its set's changes where the set has enough ranks, else
+                # against the rank's own running deviation.
+                peer, _, _, _ = self._peer(d, self.s.history_z, self.log_hist_ratio, kinds, cols,
+                                           state.setdefault("hist_tail", {}), groups)
+                _, n = set_medians(d, groups)
+                with np.errstate(invalid="ignore"):
+                    flag = np.where(n >= self.s.min_ranks, peer, np.abs(d) > self._own_limit(a))
+            elif (np.isfinite(d).sum(axis=0) >= self.s.min_ranks).any():
                 flag, _, _, _ = self._peer(d, self.s.history_z, self.log_hist_ratio, kinds, cols,
                                            state.setdefault("hist_tail", {}))
             else:
-                lim = np.maximum(self.s.history_z * _MEAN_ABS_TO_SIGMA * a, self.log_hist_ratio)
                 with np.errstate(invalid="ignore"):
-                    flag = np.abs(d) > lim
+                    flag = np.abs(d) > self._own_limit(a)
         # A flagged value must not become the baseline it is judged against next step.
         upd = fin & ~flag
         first = upd & (c == 0)
@@ -218,3 +269,11 @@ class OutlierDetector:
         np.copyto(m, y, where=first)
         c += upd
         return flag, level
+
+
+def _set_of(groups: list[np.ndarray], row: int) -> np.ndarray:
+    return next((g for g in groups if row in g), np.array([row]))
+
+
+def _pair_of(groups: list[np.ndarray], row: int) -> int:
+    return int(next(r for r in _set_of(groups, row) if r != row))

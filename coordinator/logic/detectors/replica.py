@@ -1,12 +1,19 @@
 """Replica consistency: what data parallelism keeps identical must match bit for bit.
 
 Parameters, optimizer state and reduced gradients (REPLICATED_KINDS; every kind in
-"replicas" mode, where ranks get identical input) are compared across the group by a
-64-bit signature of CRC-32 + the raw bits of Max/Min/Mean/Norm + element count. Per
-column the majority signature is the median of the sorted signatures (a value held by
-more than half the ranks always sits in the middle), so the check is one sort over
-ranks for all columns at once. Ranks off the majority are flagged; with no majority
-(e.g. two ranks that disagree) every rank in the column is named as a tie.
+"replicas" mode, where ranks get identical input) are compared inside each replica set
+of the job's layout (:mod:`..row_sets`: the ranks holding the same shard; plain data
+parallelism: every rank) by a 64-bit signature of CRC-32 + the raw bits of
+Max/Min/Mean/Norm + element count. A replicating collective's output (a tensor-parallel
+AllReduce) is compared among the ranks of its group, which are the ranks that have its
+column. Per column the majority signature is the median of the sorted signatures (a value
+held by more than half the ranks always sits in the middle), so the check is one sort
+over ranks for all columns at once. Ranks off the majority are flagged.
+
+With no majority (two replicas that disagree) the majority cannot decide: a rank whose
+weights changed outside the optimizer before this step (:mod:`.moved`) is named; else
+the verdict names nobody (``decided`` false), lists the ranks that disagree and says it
+cannot tell which is wrong.
 """
 from __future__ import annotations
 
@@ -20,6 +27,9 @@ from rankscope.coordinator.logic.detectors.common import (
     make_verdict,
     stats_dict,
 )
+from rankscope.coordinator.logic.detectors.moved import RULE as MOVED_RULE
+from rankscope.coordinator.logic.detectors.moved import movers
+from rankscope.coordinator.logic.detectors.named import replicated_outputs
 from rankscope.coordinator.logic.verdict import Verdict
 from rankscope.wire.records import NO_CRC, REPLICATED_KINDS, Kind
 
@@ -34,10 +44,11 @@ _ABSENT = np.uint64(0xFFFFFFFFFFFFFFFF)
 _MIX = np.uint64(0x9E3779B97F4A7C15)
 
 
-def signatures(view: StepView, cols: np.ndarray) -> np.ndarray:
+def signatures(view: StepView, cols: np.ndarray, rows: np.ndarray | None = None) -> np.ndarray:
     """(R, len(cols)) uint64: equal iff CRC, numel and every stat's bits are equal (w.h.p.)."""
-    bits = np.ascontiguousarray(view.stats[:, cols, :]).view(np.uint64)
-    h = view.crc[:, cols].astype(np.uint64) ^ (view.numel[:, cols].astype(np.uint64) << np.uint64(32))
+    pick = (slice(None) if rows is None else rows[:, None], cols)
+    bits = np.ascontiguousarray(view.stats[pick]).view(np.uint64)
+    h = view.crc[pick].astype(np.uint64) ^ (view.numel[pick].astype(np.uint64) << np.uint64(32))
     with np.errstate(over="ignore"):
         for i in range(4):
             h = (h ^ bits[:, :, i]) * _MIX
@@ -57,6 +68,16 @@ def _all_equal_to_first_row(view: StepView, cols: np.ndarray) -> bool:
     return bool(same[cols].all())
 
 
+def _equal_rows(view: StepView, rows: np.ndarray, cols: np.ndarray) -> bool:
+    """Whether the present cells of ``rows`` x ``cols`` hold one value per column."""
+    pres = view.present[rows[:, None], cols]
+    if not pres.any():
+        return True
+    sig = np.where(pres, signatures(view, cols, rows), _ABSENT)
+    lo = np.where(pres, sig, _ABSENT).min(axis=0)
+    return bool(((sig == lo[None, :]) | ~pres).all())
+
+
 class ReplicaDetector:
     name = "replica"
 
@@ -65,39 +86,86 @@ class ReplicaDetector:
 
     def judge(self, view: StepView, state: dict) -> list[Verdict]:
         first_step = state.setdefault("first_step", view.step)
-        cols = np.flatnonzero(np.ones_like(view.kind, bool) if view.replicas_mode else kind_mask(view.kind, self.kinds))
-        if cols.shape[0] == 0 or view.ranks.shape[0] < 2:
+        sets = view.sets
+        kinds = self.kinds
+        if sets is not None and not sets.opt_state_replicated:
+            kinds = kinds - {int(Kind.OPT_STATE)}
+        cols = np.flatnonzero(np.ones_like(view.kind, bool) if view.replicas_mode else kind_mask(view.kind, kinds))
+        if view.ranks.shape[0] < 2:
             return []
-        pres = view.present[:, cols]
-        if pres.all() and _all_equal_to_first_row(view, cols):
-            return []  # the clean case, without hashing or sorting
+        units: list[tuple[np.ndarray | None, np.ndarray]] = []
+        if sets is None or sets.whole or view.replicas_mode:
+            if cols.shape[0] and not (view.present[:, cols].all() and _all_equal_to_first_row(view, cols)):
+                units.append((None, cols))  # the clean case above costs no hashing or sorting
+        elif cols.shape[0]:
+            units += [(rows, cols) for rows in sets.replica_groups() if not _equal_rows(view, rows, cols)]
+        if not view.replicas_mode:
+            units += self._collective_units(view)
+        found = [v for rows, c in units if (v := self._judge_rows(view, rows, c, first_step)) is not None]
+        if not found:
+            return []
+        return [min(found, key=lambda v: (not v.decided, v.exec_index if v.exec_index is not None else 1 << 62,
+                                           v.rank))]
+
+    @staticmethod
+    def _collective_units(view: StepView) -> list[tuple[np.ndarray, np.ndarray]]:
+        """A replicating collective's outputs, judged among the ranks that have each
+        column (its group), grouped by which ranks those are."""
+        outs = replicated_outputs(view.keys, view.present.shape[1])
+        by_rows: dict[bytes, list[int]] = {}
+        for c in outs.tolist():
+            rows = view.present[:, c]
+            if rows.sum() >= 2:
+                by_rows.setdefault(rows.tobytes(), []).append(c)
+        units = []
+        for key, cs in by_rows.items():
+            rows = np.flatnonzero(np.frombuffer(key, bool))
+            c = np.array(cs, np.int64)
+            if not _equal_rows(view, rows, c):
+                units.append((rows, c))
+        return units
+
+    def _judge_rows(self, view: StepView, rows: np.ndarray | None, cols: np.ndarray,
+                    first_step: int) -> Verdict | None:
+        """The first deviating record among ``rows`` (None: every row) x ``cols``."""
+        sel = slice(None) if rows is None else rows
+        pres = view.present[sel][:, cols]
         n = pres.sum(axis=0)
         if not (n >= 2).any():
-            return []
-        sig = np.where(pres, signatures(view, cols), _ABSENT)
+            return None
+        sig = np.where(pres, signatures(view, cols, rows), _ABSENT)
         srt = np.sort(sig, axis=0)
         ref = np.take_along_axis(srt, (n // 2)[None, :], axis=0)[0]
         same = pres & (sig == ref[None, :])
         dev = pres & ~same & (n >= 2)[None, :]
         if not dev.any():
-            return []
+            return None
+        idx = np.arange(view.ranks.shape[0]) if rows is None else rows
         flag = np.zeros_like(view.present)
-        flag[:, cols] = dev
+        flag[idx[:, None], cols[None, :]] = dev
         row, col, ties = first_flagged(view, flag)  # type: ignore[misc]
         j = int(np.flatnonzero(cols == col)[0])
         count, total = int(same[:, j].sum()), int(n[j])
         majority = 2 * count > total
-        deviants = [int(r) for r in np.flatnonzero(dev[:, j])]
+        deviants = [int(idx[r]) for r in np.flatnonzero(dev[:, j])]
+        compared = [int(idx[r]) for r in np.flatnonzero(pres[:, j])]
+        decided, rule = True, "replicated record differs from the group majority (CRC-32 + stats, bit for bit)"
         if majority:
             ties = sorted(set(ties) | set(deviants) - {row})
-        else:  # nobody can be told apart: name every rank of the column
-            ties = [int(r) for r in np.flatnonzero(pres[:, j]) if r != row]
-        ref_row = int(np.flatnonzero(same[:, j])[0])
+        else:
+            changed = movers(view)
+            moved = [r for r in compared if changed[r]]
+            if len(moved) == 1:  # the one whose weights changed outside the optimizer
+                row, ties, rule = moved[0], [], f"replicated record differs with no majority; {MOVED_RULE}"
+            else:  # nobody can be told apart: the verdict names every rank of the column
+                decided, rule = False, "replicated record differs and no majority exists"
+                ties = [r for r in compared if r != row]
+        ref_row = next((int(idx[r]) for r in np.flatnonzero(same[:, j]) if int(idx[r]) != row), None)
+        if ref_row is None:
+            ref_row = next(r for r in compared if r != row)
         crc = view.crc[:, col]
         evidence = {
-            "rule": "replicated record differs from the group majority (CRC-32 + stats, bit for bit)"
-            if majority else "replicated record differs and no majority exists",
-            "majority": majority, "agreeing_ranks": count, "compared_ranks": total,
+            "rule": rule, "majority": majority, "agreeing_ranks": count, "compared_ranks": total,
             "crc32": None if crc[row] == NO_CRC else f"{int(crc[row]):08x}",
             "majority_crc32": None if crc[ref_row] == NO_CRC else f"{int(crc[ref_row]):08x}",
             "stats": stats_dict(view, row, col), "majority_stats": stats_dict(view, ref_row, col),
@@ -105,9 +173,12 @@ class ReplicaDetector:
             "columns_differing": int(dev.any(axis=0).sum()),
             # Every compared rank's checksum (flagged ranks first), so a reader sees the groups.
             "crc32_by_rank": {str(int(view.ranks[r])): None if crc[r] == NO_CRC else f"{int(crc[r]):08x}"
-                              for r in list(dict.fromkeys([row, *deviants, *np.flatnonzero(pres[:, j]).tolist()]))
-                              [:MAX_EVIDENCE_RANKS]},
+                              for r in list(dict.fromkeys([row, *deviants, *compared]))[:MAX_EVIDENCE_RANKS]},
         }
+        if rows is not None:
+            evidence["replica_set"] = sorted(int(view.ranks[r]) for r in rows)[:MAX_EVIDENCE_RANKS]
         if view.step == first_step and int(view.kind[col]) == int(Kind.PARAM):
             evidence["hint"] = START_HINT
-        return [make_verdict(self.name, view, row, col, ties, evidence)]
+        v = make_verdict(self.name, view, row, col, ties, evidence)
+        v.decided = decided
+        return v

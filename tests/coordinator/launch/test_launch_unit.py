@@ -242,10 +242,16 @@ def test_status_says_what_was_watched_beside_the_incident_count():
 
 
 def test_replicas_split_with_no_majority_name_no_first_rank():
-    text = format_verdict({"first_diverging_rank": 0, "detector": "replica", "step": 0, "ties": [1, 2, 3],
+    text = format_verdict({"first_diverging_rank": None, "detector": "replica", "step": 0, "ties": [],
+                           "decided": False, "undecided_between": [0, 1, 2, 3],
                            "tensor": "Sentinel.param.w", "evidence": {"majority": False, "rule": "no majority"}})
-    assert "rankscope verdict: ranks 0-3 hold different replicas, with no majority: no rank can be named first" in text
+    assert ("rankscope verdict: no rank named: ranks 0-3 disagree, and nothing tells which is wrong (the job was "
+            "left running; the bundles are exported)") in text
     assert "diverged first" not in text and "tensor   : Sentinel.param.w" in text
+    # An incident.json written before "decided" existed reads the same.
+    old = format_verdict({"first_diverging_rank": 0, "detector": "replica", "step": 0, "ties": [1, 2, 3],
+                          "tensor": "Sentinel.param.w", "evidence": {"majority": False}})
+    assert "no rank named: ranks 0-3 disagree" in old
     one = format_verdict({"first_diverging_rank": 2, "detector": "replica", "step": 1, "ties": [],
                           "evidence": {"majority": True}})
     assert "rankscope verdict: rank 2 diverged first" in one
@@ -263,12 +269,14 @@ def test_replicas_split_with_no_majority_name_no_first_rank():
 def test_the_live_divergence_line_names_no_first_rank_of_a_split_without_majority():
     said: list[str] = []
     p = ProgressPrinter(said.append)
-    inc = {"incident_id": "i1", "first_diverging_rank": 0, "detector": "replica", "step": 0, "ties": [1, 2, 3],
-           "tensor": "Sentinel.param.0.weight", "state": "pausing",
+    inc = {"incident_id": "i1", "first_diverging_rank": None, "detector": "replica", "step": 0, "ties": [],
+           "decided": False, "undecided_between": [0, 1, 2, 3],
+           "tensor": "Sentinel.param.0.weight", "state": "exporting",
            "evidence": {"majority": False, "hint": "give every rank the same seed"}}
     p.update({"ranks": {}, "incidents": [inc]})
-    assert said[1:] == ["DIVERGENCE: replica ranks 0-3 hold different replicas, with no majority, at step 0 "
-                    "(Sentinel.param.0.weight); state pausing", "  hint: give every rank the same seed"]
+    assert said[1:] == ["UNDECIDED: replica: ranks 0-3 disagree at step 0 (Sentinel.param.0.weight) and nothing "
+                        "tells which is wrong; exported, the job runs on; state exporting",
+                        "  hint: give every rank the same seed"]
 
 
 def test_an_operator_export_is_not_called_a_divergence_of_rank_minus_one():

@@ -30,6 +30,18 @@ def test_all_watched_is_a_clean_run():
     assert exit_status(cov, 0, allow_unwatched=False) == 0
 
 
+def test_no_divergence_names_the_ranks_nothing_was_compared_with():
+    """A hybrid job whose layout was not learned: its ranks ran watched, but no check that
+    compares ranks could be made, and "no divergence" must not claim it was."""
+    st = {**status({str(r): RUNNING for r in range(4)}),
+          "jobs": {"j": {"layout": {"line": "not learned: ...", "uncompared": [0, 1, 2, 3]}}}}
+    cov = WatchedRanks.of(st, {})
+    assert cov.uncompared == [0, 1, 2, 3]
+    assert end_of_run_line(cov, 0, found_divergence=False).endswith(
+        "; NOT COMPARED: ranks 0-3 (their layout was not learned: the layout line says what to set); "
+        "command exited with 0")
+
+
 def test_no_divergence_names_the_ranks_whose_watch_could_not_see_everything():
     # Ranks reducing gradients with their own ops.AllReduce: watched, but a local gradient
     # fault cannot be seen. "No divergence" alone would claim more than was looked at.
@@ -111,7 +123,7 @@ def test_several_processes_of_one_rank_are_one_unwatched_rank(tmp_path):
 
 
 def test_rank_span_shortens_runs():
-    from rankscope.coordinator.launch.watched import rank_span
+    from rankscope.wire.spans import rank_span
     assert rank_span([3]) == "rank 3"
     assert rank_span([0, 1]) == "ranks 0, 1"
     assert rank_span([5, 0, 1, 2, 3, 9, 10, 11]) == "ranks 0-3, 5, 9-11"

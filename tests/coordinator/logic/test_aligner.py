@@ -176,18 +176,22 @@ def test_lost_rank_is_no_longer_awaited() -> None:
 
 
 @pytest.mark.parametrize("groups", [[[0, 1, 2, 3], [4, 5, 6, 7]], "dp"])
-def test_groups_are_judged_separately(groups) -> None:
+def test_a_step_waits_for_every_rank_of_the_job_whatever_the_groups(groups) -> None:
+    """Listed groups say who is compared with whom, not who is aligned: a NaN crosses
+    from one group to another through their collectives, so a step is judged over the job."""
     al = StepAligner(parse_cluster({"groups": groups}))
     sim = SyntheticTraining(ranks=8, tensors=16, seed=5)
     al.register(sim.job, 0, {"world_size": 8})
-    for b in sim.batches(0)[:4]:  # only the first group reports
+    batches = sim.batches(0)
+    for b in batches[:4]:  # only the first group reports
         al.ingest(b, 0.0)
-    ready = al.ready(0.0)
-    if groups == "dp":
-        assert ready == []  # one group of 8: still waiting
-    else:
-        [(grp, view)] = ready
-        assert (grp.label, view.ranks.tolist()) == (f"{sim.job}/0", [0, 1, 2, 3])
+    assert al.ready(0.0) == []  # still waiting for ranks 4-7
+    for b in batches[4:]:
+        al.ingest(b, 0.0)
+    [(grp, view)] = al.ready(0.0)
+    assert (grp.label, view.ranks.tolist()) == (f"{sim.job}/0", list(range(8)))
+    if groups != "dp":
+        assert view.sets.replica_of.tolist() == [0, 0, 0, 0, 1, 1, 1, 1]
 
 
 def test_rank_state_follows_heartbeats() -> None:

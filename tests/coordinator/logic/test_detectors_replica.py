@@ -91,7 +91,8 @@ def test_per_dp_group_replicas_hold_different_params_without_alarm() -> None:
         if step == 20:
             batches[6].crc32[p] += 1
         found += feed_step(core, clock, batches)
-    assert [(v.detector, v.rank, v.step, v.group) for v in found] == [("replica", 6, 20, f"{sim.job}/1")]
+    assert [(v.detector, v.rank, v.step, v.group) for v in found] == [("replica", 6, 20, f"{sim.job}/0")]
+    assert found[0].evidence["replica_set"] == [4, 5, 6, 7]
 
 
 def test_kinds_compared_are_configurable() -> None:

@@ -1,0 +1,207 @@
+"""Hybrid parallel judging, logic only: a data x tensor parallel job's shards differ by
+design, replicas must match, two replicas decide from evidence that needs no majority,
+and a verdict that cannot name a rank never stops the job."""
+from __future__ import annotations
+
+import numpy as np
+
+from rankscope.coordinator.logic.core import CoordinatorCore
+from rankscope.coordinator.logic.incident import ActionKind
+from tests.coordinator.logic.hybrid_sim import HybridTraining, tp_facts
+from tests.logic_helpers import FakeClock, feed_step
+
+
+def _core(settings: dict | None = None, facts: bool = True, ranks: int = 4,
+          export_dir=None) -> tuple[CoordinatorCore, FakeClock]:
+    clock = FakeClock()
+    core = CoordinatorCore({"on_divergence": "terminate", **(settings or {})}, clock=clock, export_dir=export_dir)
+    for r in range(ranks):
+        core.on_register("hybrid", r, {"world_size": ranks, "pid": 100 + r, "layout": facts})
+        if facts:
+            core.on_layout("hybrid", r, tp_facts(r))
+    return core, clock
+
+
+def _run(core: CoordinatorCore, clock: FakeClock, sim: HybridTraining, steps: int, fault=None) -> list:
+    found = []
+    for step in range(steps):
+        batches = sim.batches(step)
+        if fault is not None:
+            fault(step, batches)
+        found += feed_step(core, clock, batches)
+    return found
+
+
+def test_the_layout_line_names_replicas_and_shards():
+    core, _ = _core()
+    assert core.layout("hybrid")["line"] == ("2 data-parallel replicas x 2 tensor-parallel shards; replicas {0,2} {1,3} "
+                                             "(from gradient reducer groups)")
+
+
+def test_a_clean_hybrid_job_raises_nothing_though_its_shards_differ():
+    core, clock = _core()
+    assert _run(core, clock, HybridTraining(seed=1), 40) == []
+
+
+def test_without_its_layout_the_same_job_is_flagged_at_step_zero():
+    """Ranks that say nothing of their layout (a probe from before layouts): every rank is
+    taken for a replica, as plain data parallelism has it, and the shards differ."""
+    core, clock = _core(facts=False)
+    found = _run(core, clock, HybridTraining(seed=1), 3)
+    assert found and found[0].detector == "replica" and found[0].step == 0
+
+
+def test_local_gradients_x50_on_one_of_two_replicas_name_that_rank():
+    sim = HybridTraining(seed=2)
+    g = sim.col("Sentinel.grad_local.fc1")
+
+    def scale(step, batches):
+        if step == 5:
+            batches[3].stats[g, :] *= 50
+
+    core, clock = _core()
+    found = _run(core, clock, sim, 8, scale)
+    v = found[0]
+    assert (v.detector, v.rank, v.step, v.decided) == ("outlier", 3, 5, True), found
+    assert v.evidence["other_replica"] == 1 and "tensor-parallel peers" in v.evidence["rule"]
+
+
+def test_a_nudged_weight_on_one_of_two_replicas_names_that_rank_by_its_own_update():
+    sim = HybridTraining(seed=3)
+    p = sim.col("Sentinel.param.fc0")
+
+    def nudge(step, batches):
+        if step >= 4:  # the nudge stays in the weights from then on
+            batches[3].crc32[p] += 1
+
+    core, clock = _core()
+    found = _run(core, clock, sim, 8, nudge)
+    v = found[0]
+    assert (v.detector, v.rank, v.step, v.decided) == ("replica", 3, 4, True), found
+    assert "outside the optimizer" in v.evidence["rule"]
+
+
+def test_two_replicas_that_differ_with_no_evidence_name_nobody_and_the_job_runs_on():
+    sim = HybridTraining(seed=4)
+    g = sim.col("Sentinel.grad_reduced.fc2")
+
+    def flip(step, batches):
+        if step == 6:
+            batches[1].crc32[g] ^= 1  # one reduced gradient's bits: which replica is right?
+
+    core, clock = _core()
+    found = _run(core, clock, sim, 8, flip)
+    v = found[0]
+    assert (v.detector, v.step, v.decided, v.candidates) == ("replica", 6, False, [1, 3])
+    [doc] = core.documents()
+    assert doc["first_diverging_rank"] is None and doc["undecided_between"] == [1, 3]
+    actions = core.take_actions()
+    assert ActionKind.EXPORT in {a.kind for a in actions}
+    assert not {ActionKind.PAUSE, ActionKind.TERMINATE} & {a.kind for a in actions}
+
+
+def test_a_named_rank_after_an_undecided_incident_gets_its_own_incident_and_action(tmp_path):
+    sim = HybridTraining(seed=5)
+    g, p = sim.col("Sentinel.grad_reduced.fc2"), sim.col("Sentinel.param.fc0")
+
+    def faults(step, batches):
+        if step == 3:
+            batches[1].crc32[g] ^= 1
+        if step >= 4:
+            batches[2].crc32[p] += 1
+
+    core, clock = _core(export_dir=tmp_path)
+    _run(core, clock, sim, 5, faults)
+    [first] = core.incidents()
+    assert first["verdict"]["decided"] is False and first["policy"] == "continue"
+    for r in range(4):  # the undecided incident's export completes; it ends, the job ran on
+        core.on_bundle(first["incident_id"], r, str(tmp_path / f"b{r}"))
+    clock.advance(0.1)
+    core.tick()
+    core.write_incident(first["incident_id"])
+    clock.advance(0.1)
+    core.tick()
+    named = [i for i in core.incidents() if i["verdict"]["decided"]]
+    assert [(i["verdict"]["rank"], i["verdict"]["step"], i["policy"]) for i in named] == [(2, 4, "terminate")]
+    assert ActionKind.PAUSE in {a.kind for a in core.take_actions() if a.incident_id == named[0]["incident_id"]}
+
+
+def test_the_first_non_finite_record_of_a_receiver_does_not_make_it_the_origin():
+    sim = HybridTraining(seed=6)
+    inp = sim.col("Sentinel.collective.tp_{d}.AllReduce.0.input")
+    out = sim.col("Sentinel.collective.tp_{d}.AllReduce.0.output")
+    loss = sim.col("Sentinel.loss")
+
+    def nan(step, batches):
+        if step == 2:
+            batches[0].nan_count[out] = 4  # rank 0 received the NaN (its input was finite)...
+            batches[1].nan_count[inp] = 1  # ...from rank 1, whose partial sum went NaN
+            batches[1].nan_count[out] = 4
+            batches[1].exec_index[inp] = 40  # recorded late in rank 1's order
+            batches[1].exec_index[out] = 41
+            batches[0].nan_count[loss] = 1
+
+    core, clock = _core()
+    v = _run(core, clock, sim, 4, nan)[0]
+    assert (v.detector, v.rank, v.step) == ("nan_origin", 1, 2)
+    assert v.evidence["received_through_a_collective"] == [0]
+
+
+def test_a_tensor_parallel_allreduce_output_must_match_inside_its_group():
+    sim = HybridTraining(seed=7)
+    out = sim.col("Sentinel.collective.tp_{d}.AllReduce.0.output")
+
+    def corrupt(step, batches):
+        if step == 3:
+            batches[2].crc32[out] += 1  # rank 2 got other bits than rank 3 from one AllReduce
+
+    core, clock = _core()
+    v = _run(core, clock, sim, 5, corrupt)[0]
+    assert (v.detector, v.step, v.decided, v.candidates) == ("replica", 3, False, [2, 3])
+    assert v.tensor == "Sentinel.collective.tp_1.AllReduce.0.output.0"
+
+
+def test_a_step_waits_for_the_layout_of_every_rank_that_reported_it():
+    clock = FakeClock()
+    core = CoordinatorCore({"on_divergence": "terminate"}, clock=clock)
+    for r in range(4):
+        core.on_register("hybrid", r, {"world_size": 4, "pid": 100 + r, "layout": True})
+    sim = HybridTraining(seed=8)
+    assert feed_step(core, clock, sim.batches(0)) == []
+    assert core.aligner.counters["steps_judged"] == 0  # every rank's step is in, not their layouts
+    for r in range(4):
+        core.on_layout("hybrid", r, tp_facts(r))
+    clock.advance(0.1)
+    assert core.tick() == [] and core.aligner.counters["steps_judged"] == 1
+
+
+def test_a_layout_that_never_comes_holds_a_step_no_longer_than_the_deadline():
+    clock = FakeClock()
+    core = CoordinatorCore({"deadline_s": 5}, clock=clock)
+    for r in range(4):
+        core.on_register("hybrid", r, {"world_size": 4, "pid": 100 + r, "layout": True})
+    feed_step(core, clock, HybridTraining(seed=9).batches(0))
+    clock.advance(5.1)
+    core.tick()
+    assert core.aligner.counters["steps_judged"] == 1
+
+
+def test_cluster_layout_overrides_what_ranks_say():
+    core, clock = _core({"layout": {"data_parallel": 4}}, ranks=4)
+    assert core.layout("hybrid")["whole"] is True
+    found = _run(core, clock, HybridTraining(seed=1), 2)
+    assert found and found[0].detector == "replica"  # told every rank is a replica: the shards differ
+
+
+def test_outlier_statistics_compare_ranks_of_one_role_only():
+    """Shard 1's gradients are x6 shard 0's by design: never an outlier."""
+    sim = HybridTraining(seed=10, tp=2, dp=4)
+    sim.shard_level[1] *= 6
+    clock = FakeClock()
+    core = CoordinatorCore({}, clock=clock)
+    for r in range(8):
+        core.on_register("hybrid", r, {"world_size": 8, "pid": r, "layout": True})
+        core.on_layout("hybrid", r, tp_facts(r, tp=2, dp=4))
+    assert _run(core, clock, sim, 30) == []
+    assert np.array_equal(core.aligner.sets_of(core.aligner.groups[("hybrid", 0)]).role_of,
+                          [0, 1, 0, 1, 0, 1, 0, 1])
