@@ -132,7 +132,7 @@ class Sentinels:
         r = self.rec
         for opt in [only] if only is not None else list(self.stepping):
             for name, p in self._layout_of(opt)[0]:
-                r.row_known(f"Sentinel.param_end.{name}", Kind.PARAM, _stats_crc_now(p) if now else _stats_crc_later(p))
+                r.row_known(f"Sentinel.param_end.{name}", Kind.PARAM, _crc_only(p, now))
 
     def trained_shapes(self) -> list[str]:
         """``name:shape`` of every trained parameter: equal on the tensor-parallel shards of
@@ -270,6 +270,15 @@ def _stats_crc_later(p: Any) -> Any:
     st = array_stats(arr, dtype_name)
     st.crc = crc32_later(arr)
     return st
+
+
+def _crc_only(p: Any, now: bool) -> Any:
+    """A parameter's CRC-32 and nothing else (what the end-of-step record is compared by):
+    half of what the step-start snapshot costs; ``now``: on this thread."""
+    from rankscope.probe.stats import TensorStats, crc32_later, crc32_of, to_numpy
+    arr, dtype_name = to_numpy(p)
+    return TensorStats(dtype_name, list(arr.shape), None, None, None, None, 0, 0, int(arr.size),
+                       crc32_of(arr) if now else crc32_later(arr))
 
 
 def _stats_crc_now(p: Any) -> Any:

@@ -94,7 +94,7 @@ def array_stats(arr: np.ndarray, dtype_name: str, crc: bool = False) -> TensorSt
     """Statistics of a host array whose MindSpore dtype is ``dtype_name``."""
     shape = list(arr.shape)
     n = int(arr.size)
-    checksum = _crc(arr) if crc else NO_CRC
+    checksum = crc32_of(arr) if crc else NO_CRC
     if n == 0:
         return TensorStats(dtype_name, shape, None, None, None, None, 0, 0, 0, checksum)
     flat = arr.reshape(-1)
@@ -165,10 +165,11 @@ def crc32_later(arr: np.ndarray) -> Any:
     if _crc_pool is None:
         from concurrent.futures import ThreadPoolExecutor
         _crc_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rankscope-crc")
-    return _crc_pool.submit(_crc, np.array(arr, copy=True, order="C"))
+    return _crc_pool.submit(crc32_of, np.array(arr, copy=True, order="C"))
 
 
-def _crc(arr: np.ndarray) -> int:
+def crc32_of(arr: np.ndarray) -> int:
+    """CRC-32 of an array's bytes, now."""
     if not arr.flags.c_contiguous:
         arr = np.ascontiguousarray(arr)
     return zlib.crc32(memoryview(arr).cast("B")) & 0xFFFFFFFF
