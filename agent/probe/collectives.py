@@ -9,7 +9,8 @@ its peers only through such a call), and the outputs every rank of a group must 
 The call is also a sync point (the rank entered / left it) and its group a layout fact.
 
 Wrapped: the collective primitives' ``__call__`` (``ops.AllReduce(group=...)``, what a
-hand-written tensor-parallel Cell calls) and the functional collectives of
+hand-written tensor-parallel Cell calls; their ``__init__`` only notes the group) and the
+functional collectives of
 ``mindspore.ops.communication``, ``mindspore.communication.comm_func`` and
 ``mindspore.mint.distributed``. A compiled graph never runs a wrapper (compile_guard puts
 MindSpore's own back for PIJit; AST compiles read primitives, not their ``__call__``),
@@ -21,6 +22,7 @@ from __future__ import annotations
 import functools
 import importlib
 import inspect
+import sys
 from typing import Any, Callable
 
 from rankscope.probe import compile_guard, layout_probe
@@ -141,6 +143,7 @@ def _install() -> None:
         cls = getattr(P, name, None)
         if cls is not None:
             _wrap(cls, "__call__", _primitive_wrapper(cls.__call__, name), own=True)
+            _wrap(cls, "__init__", _constructor_wrapper(cls.__init__, name), own=True)
     for module_path in MODULES:
         try:
             module = importlib.import_module(module_path)
@@ -183,6 +186,23 @@ def _primitive_wrapper(orig: Callable, op: str) -> Callable:
 
     __call__._rankscope_collective = True  # type: ignore[attr-defined]
     return __call__
+
+
+def _constructor_wrapper(orig: Callable, op: str) -> Callable:
+    """A collective made by the script's own code (not by MindSpore's gradient reducer or
+    optimizer) is a layout fact when it is made: inside a compiled step nothing calls it
+    from Python."""
+    @functools.wraps(orig)
+    def __init__(prim, *args, **kwargs):  # noqa: ANN001, N807
+        orig(prim, *args, **kwargs)
+        try:
+            caller = sys._getframe(1).f_globals.get("__name__", "")  # noqa: SLF001 - cheap, once per op made
+            if not str(caller).startswith("mindspore."):
+                layout_probe.note_collective(op, str(getattr(prim, "group", None) or _world()))
+        except Exception:  # noqa: BLE001 - a fact not noted is never an error in training
+            pass
+
+    return __init__
 
 
 def _function_wrapper(orig: Callable, op: str) -> Callable:

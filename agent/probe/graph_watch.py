@@ -138,7 +138,7 @@ class GraphWatch:
             return
         for opt in optimizers:
             s.optimizers.add(opt)
-            s.stepping.add(opt)
+            s.note_stepping(opt)
         # The values this step starts from, read between compiled steps. Parameters only:
         # optimizer state doubles the reads, and a replica's drift shows in its weights.
         s.snapshot(state=False)

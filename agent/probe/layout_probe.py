@@ -52,6 +52,12 @@ def note_reducer(group: Any) -> None:
                 _bump()
 
 
+def note_trained() -> None:
+    """The parameters this rank trains changed (an optimizer was stepped the first time)."""
+    with _lock:
+        _bump()
+
+
 def note_collective(op: str, group: Any) -> None:
     if isinstance(group, str) and group:
         with _lock:

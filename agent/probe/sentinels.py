@@ -134,6 +134,13 @@ class Sentinels:
             for name, p in self._layout_of(opt)[0]:
                 r.row_known(f"Sentinel.param_end.{name}", Kind.PARAM, _crc_only(p, now))
 
+    def note_stepping(self, opt: Any) -> None:
+        """An optimizer is being stepped: its parameters are what this rank trains (a layout
+        fact, said again when they change)."""
+        if opt not in self.stepping:
+            self.stepping.add(opt)
+            layout_probe.note_trained()
+
     def trained_shapes(self) -> list[str]:
         """``name:shape`` of every trained parameter: equal on the tensor-parallel shards of
         one stage (each holds a piece of the same weights), different between stages."""
@@ -186,7 +193,7 @@ class Sentinels:
         r = self.rec
         try:
             if opt not in self.stepping:  # first call of this optimizer: snapshot it now
-                self.stepping.add(opt)
+                self.note_stepping(opt)
                 self.snapshot(only=opt)
                 self._snapshot_taken = True
             elif self.record and not self._snapshot_taken:

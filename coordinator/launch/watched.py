@@ -213,8 +213,8 @@ def end_of_run_line(cov: WatchedRanks, rc: int, found_divergence: bool) -> str:
     # spot (local gradients, a jit body, the kernels) is named here as well.
     partly = f"; NOT ALL SEEN on {rank_span(cov.partly)} (their watch line says what)" if cov.partly else ""
     if cov.uncompared:
-        partly += (f"; NOT COMPARED: {rank_span(cov.uncompared)} (their layout was not learned: the layout line "
-                   "says what to set)")
+        partly += (f"; NOT COMPARED: {rank_span(cov.uncompared)} (no rank shares their role: the layout line "
+                   "says why)")
     return f"no divergence found in {cov.ranks_text()}{steps}{partly}{missed}; {tail}"
 
 

@@ -49,7 +49,8 @@ class JobLayout:
     #: Each rank's parameters (names and shapes) as a short key: equal on the tensor-parallel
     #: shards of one stage, different between stages; absent where the rank did not say.
     stage_keys: dict[int, str] = field(default_factory=dict)
-    #: Ranks whose layout could not be learned: nothing of theirs is compared with anyone.
+    #: Ranks in a role of their own (their layout not learned, or no data-parallel
+    #: replica): no statistic of theirs is compared with another rank's.
     uncompared: tuple[int, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
@@ -225,7 +226,7 @@ def _finish(ranks: list[int], answers: dict[int, _Answer], facts: dict[int, dict
     split = splits.pop() if len(splits) == 1 else None
     line = describe(replicas, roles, facts, whole, " + ".join(sources) or source, notes, opt_sharded, split)
     keys = {r: f["params"] for r, f in facts.items() if f.get("params")}
-    alone = tuple(sorted(r for r, a in answers.items() if a.note and len(roles[r]) == 1))
+    alone = () if whole else tuple(sorted(r for r in answers if len(roles[r]) == 1))
     return JobLayout(replicas, roles, line, source, notes, whole, not opt_sharded, stage_keys=keys, uncompared=alone)
 
 

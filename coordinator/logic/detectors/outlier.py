@@ -137,10 +137,11 @@ class OutlierDetector:
         kinds = view.kind[cols].astype(np.int64)
         sets = view.sets
         groups = None if sets is None or sets.whole else sets.role_groups()
-        flag_peer, med, mad, floor = self._peer(y, self.s.z, self.log_ratio, kinds, cols,
-                                                state.setdefault("tail", {}), groups)
+        tails = state.setdefault("tail", {})
+        learned = self._learned(tails, cols)  # before this step's values are learned from
+        flag_peer, med, mad, floor = self._peer(y, self.s.z, self.log_ratio, kinds, cols, tails, groups)
         view.cache["log_norms"] = (cols, y, med)  # reused by the report series
-        pairs = self._pairs(view, y, cols, floor, groups, state) if groups else None
+        pairs = self._pairs(view, y, cols, floor, learned, groups, state) if groups else None
         flag_hist, level = self._history(y, cols, kinds, state, view.ranks.shape[0], groups)
         flag = flag_peer | flag_hist
         if pairs is not None:
@@ -158,7 +159,8 @@ class OutlierDetector:
         evidence = {
             "rule": ("peer" if flag_peer[row, j] else "") + ("+" if flag_peer[row, j] and flag_hist[row, j] else "")
             + ("history" if flag_hist[row, j] else ""),
-            "value": value_name, "rank_value": num(vals[row]), "group_median": num(math.exp(m)) if np.isfinite(m) else None,
+            "value": value_name, "rank_value": num(vals[row]),
+            "group_median": num(math.exp(m)) if np.isfinite(m) else None,
             "ratio_to_median": num(math.exp(y[row, j] - m)) if np.isfinite(m) else None,
             "robust_z": num(abs(y[row, j] - m) / (_SIGMA * d)) if d > 0 else "inf",
             "rank_history_level": num(math.exp(level[row, j])) if np.isfinite(level[row, j]) else None,
@@ -179,7 +181,12 @@ class OutlierDetector:
             evidence["compared_with"] = sorted(int(view.ranks[r]) for r in _set_of(groups, row))[:64]
         return [make_verdict(self.name, view, row, col, ties, evidence)]
 
-    def _pairs(self, view: StepView, y: np.ndarray, cols: np.ndarray, floor: np.ndarray,
+    def _learned(self, tails: dict, cols: np.ndarray) -> np.ndarray:
+        """Per column: whether it has learned its spread (the floor is then its own)."""
+        _, cn = self._grow(tails, int(cols.max()) + 1)
+        return cn[cols] >= self._TAIL_WARMUP
+
+    def _pairs(self, view: StepView, y: np.ndarray, cols: np.ndarray, floor: np.ndarray, learned: np.ndarray,
                groups: list[np.ndarray], state: dict) -> PairFinding | None:
         """Two-rank role sets (two replicas), judged by the evidence that needs no majority."""
         two = [g for g in groups if g.shape[0] == 2]
@@ -190,7 +197,7 @@ class OutlierDetector:
         count = h["count"][:rows].copy()
         level = np.where(count > 0, h["mean"][:rows], np.nan)
         peers = {int(r): view.sets.peers_in_replica(int(r)) for g in two for r in g}
-        return judge_pairs(y, two, peers, level, count, floor, self.log_ratio, self.log_hist_ratio)
+        return judge_pairs(y, two, peers, level, count, floor, learned, self.log_ratio, self.log_hist_ratio)
 
     def _undecided(self, view: StepView, cols: np.ndarray, y: np.ndarray, pairs: PairFinding) -> list[Verdict]:
         """The earliest disagreement no evidence could settle: a verdict naming nobody."""

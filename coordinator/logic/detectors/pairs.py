@@ -10,9 +10,12 @@ cannot pick the odd one out. Two pieces of evidence need no majority:
   own peers while the other candidate is close to its peers is the one that moved; a
   victim's peers agree with it.
 
-A disagreement is flagged at a lower bar (``ratio`` between the two halves of the gap)
-when the evidence names one rank, and at the learned floor otherwise; then the verdict
-names nobody and says so. Values are logs (:func:`.outlier.log_values`).
+Where a rank has tensor-parallel peers they decide (a history of two alone cannot tell a
+rank's fault from its replica's harder batch); elsewhere (pure data parallel 2, pipeline
+stages) its own history does. A column is judged only once it has learned how far its two
+ranks usually are apart: a disagreement with evidence counts from half that floor (never
+below ``ratio``), one without from the floor, and then the verdict names nobody. Values
+are logs (:func:`.outlier.log_values`).
 """
 from __future__ import annotations
 
@@ -39,44 +42,47 @@ class PairFinding:
 
 
 def judge_pairs(y: np.ndarray, pairs: list[np.ndarray], peers: dict[int, np.ndarray], level: np.ndarray,
-                count: np.ndarray, floor: np.ndarray, log_ratio: float, log_hist_ratio: float) -> PairFinding:
+                count: np.ndarray, floor: np.ndarray, learned: np.ndarray, log_ratio: float,
+                log_hist_ratio: float) -> PairFinding:
     """``y``: (R, C) log values; ``pairs``: rows of each two-row set; ``peers``: row ->
-    rows of its data replica in other sets; ``level``/``count``: each cell's own EWMA
-    level and steps of history (before this step); ``floor``: (C,) the learned floor
-    for half the gap."""
+    its tensor-parallel peers' rows; ``level``/``count``: each cell's own EWMA level and
+    steps of history (before this step); ``floor``: (C,) the floor learned for half the
+    gap between two ranks of a column, and ``learned``: whether the column has one yet
+    (nothing is judged before: two values and no history say nothing of a column's noise)."""
     out = PairFinding(np.zeros(y.shape, bool))
+    # Evidence lets a gap half the learned floor count, never less than the ratio.
+    bar = np.maximum(log_ratio, floor / 2)
     for rows in pairs:
         a, b = int(rows[0]), int(rows[1])
         ya, yb = y[a], y[b]
-        fin = np.isfinite(ya) & np.isfinite(yb)
+        fin = np.isfinite(ya) & np.isfinite(yb) & learned
         if not fin.any():
             continue
         half = np.where(fin, np.abs(ya - yb) / 2, 0.0)
-        hist_ok = fin & (count[a] >= PAIR_MIN_HISTORY) & (count[b] >= PAIR_MIN_HISTORY)
-        da, db = np.where(hist_ok, ya - level[a], 0.0), np.where(hist_ok, yb - level[b], 0.0)
-        # The one that rose, if only one did, and is the higher of the two: a value that
-        # collapses on one rank (a loss near zero, a layer given few tokens) is routine.
         up = np.sign(ya - yb)
-        by_hist = _one_of(np.maximum(da, 0.0), np.maximum(db, 0.0), log_hist_ratio, hist_ok)
-        by_hist[by_hist != up] = 0
         ta, tb = _from_peers(y, a, peers), _from_peers(y, b, peers)
         t_ok = np.isfinite(ta) & np.isfinite(tb)
+        # Each candidate close to its own tensor-parallel peers: their replicas' batches
+        # differ, no rank does.
+        near_a, near_b = np.abs(np.where(t_ok, ta, 0.0)), np.abs(np.where(t_ok, tb, 0.0))
+        explained = t_ok & (near_a <= log_ratio) & (near_b <= log_ratio)
         by_peers = _one_of(np.where(t_ok, np.maximum(ta, 0.0), 0.0), np.where(t_ok, np.maximum(tb, 0.0), 0.0),
                            log_ratio, t_ok)
         by_peers[by_peers != up] = 0
-        # Evidence that contradicts itself decides nothing.
-        culprit = np.where(by_hist != 0, by_hist, by_peers)
-        culprit[(by_hist != 0) & (by_peers != 0) & (by_hist != by_peers)] = 0
-        changed_apart = hist_ok & (np.abs(da - db) / 2 > log_hist_ratio)
-        named = fin & (culprit != 0) & ((half > log_ratio) | changed_apart)
+        # Without peers, its own history: the one that rose (and is the higher of the two),
+        # if only one did; a value that collapses on one rank (a loss near zero) is routine.
+        hist_ok = ~t_ok & (count[a] >= PAIR_MIN_HISTORY) & (count[b] >= PAIR_MIN_HISTORY)
+        da, db = np.where(hist_ok, ya - level[a], 0.0), np.where(hist_ok, yb - level[b], 0.0)
+        by_hist = _one_of(np.maximum(da, 0.0), np.maximum(db, 0.0), log_hist_ratio, hist_ok)
+        by_hist[by_hist != up] = 0
+        culprit = np.where(t_ok, by_peers, by_hist)
+        named = fin & (culprit != 0) & (half > bar)
         for j in np.flatnonzero(named):
             row, other = (a, b) if culprit[j] > 0 else (b, a)
             out.flag[row, j] = True
-            out.evidence[(row, j)] = _evidence(y, j, row, other, level, hist_ok[j], by_hist[j] != 0,
-                                               by_peers[j] != 0, ta if row == a else tb, tb if row == a else ta,
-                                               peers)
-        # Undecided: only beyond the column's learned floor (x16 each way before it has one).
-        for j in np.flatnonzero(fin & ~named & (half > floor)):
+            out.evidence[(row, j)] = _evidence(y, j, row, other, level, bool(hist_ok[j]), bool(by_hist[j]),
+                                               bool(by_peers[j]), ta if row == a else tb, tb if row == a else ta)
+        for j in np.flatnonzero(fin & ~named & ~explained & (half > floor)):
             out.undecided.append((int(j), a, b, {
                 "rule": "two ranks that should compare disagree, and neither their own history nor their "
                         "tensor-parallel peers tell which is wrong",
@@ -104,7 +110,7 @@ def _from_peers(y: np.ndarray, row: int, peers: dict[int, np.ndarray]) -> np.nda
 
 
 def _evidence(y: np.ndarray, j: int, row: int, other: int, level: np.ndarray, hist_ok: bool, by_hist: bool,
-              by_peers: bool, t_row: np.ndarray, t_other: np.ndarray, peers: dict[int, np.ndarray]) -> dict:
+              by_peers: bool, t_row: np.ndarray, t_other: np.ndarray) -> dict:
     how = " and ".join(w for w, on in (("its own history", by_hist), ("its tensor-parallel peers", by_peers)) if on)
     ev: dict[str, Any] = {
         "rule": f"pair: two replicas disagree and {how} single it out",

@@ -38,7 +38,7 @@ def test_no_divergence_names_the_ranks_nothing_was_compared_with():
     cov = WatchedRanks.of(st, {})
     assert cov.uncompared == [0, 1, 2, 3]
     assert end_of_run_line(cov, 0, found_divergence=False).endswith(
-        "; NOT COMPARED: ranks 0-3 (their layout was not learned: the layout line says what to set); "
+        "; NOT COMPARED: ranks 0-3 (no rank shares their role: the layout line says why); "
         "command exited with 0")
 
 

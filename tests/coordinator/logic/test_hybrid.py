@@ -205,3 +205,33 @@ def test_outlier_statistics_compare_ranks_of_one_role_only():
     assert _run(core, clock, sim, 30) == []
     assert np.array_equal(core.aligner.sets_of(core.aligner.groups[("hybrid", 0)]).role_of,
                           [0, 1, 0, 1, 0, 1, 0, 1])
+
+
+def test_a_replica_whose_whole_batch_is_harder_is_no_finding():
+    """Both shards of replica 1 see x50 gradients: its batch, not a rank (a victim's peers
+    agree with it)."""
+    sim = HybridTraining(seed=11)
+    g = sim.col("Sentinel.grad_local.fc1")
+
+    def harder(step, batches):
+        if step == 6:
+            for r in (2, 3):
+                batches[r].stats[g, :] *= 50
+
+    core, clock = _core()
+    assert _run(core, clock, sim, 10, harder) == []
+
+
+def test_gradients_at_round_off_level_are_no_finding_between_two_replicas():
+    """A gradient that is ~0 everywhere (a degenerate layer) jumps by orders of magnitude
+    from step to step and rank to rank: noise, whatever its ratios."""
+    sim = HybridTraining(seed=12)
+    g = sim.col("Sentinel.grad_local.fc2")
+    rng = np.random.default_rng(3)
+
+    def noise(step, batches):
+        for b in batches:
+            b.stats[g, :] = 1e-7 * np.exp(3.0 * rng.standard_normal())
+
+    core, clock = _core()
+    assert _run(core, clock, sim, 40, noise) == []
