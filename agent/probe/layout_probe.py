@@ -169,7 +169,14 @@ class LayoutProbe:
                 out["reducers"] = sorted(_reducers)
             if _collectives:
                 out["collectives"] = [list(p) for p in sorted(_collectives)]
-            return out
+        # Groups made before this process was watched (a debugger built after them) are
+        # known by name only: MindSpore says who is in them.
+        named = set(out.get("reducers", ())) | {g for _, g in out.get("collectives", ())}
+        for name in sorted(named - set(out.get("groups", {})) - _WORLD_NAMES)[:MAX_GROUPS]:
+            members = _members_of(name)
+            if members:
+                out.setdefault("groups", {})[name] = members
+        return out
 
     @staticmethod
     def _context() -> dict[str, Any]:
@@ -187,6 +194,17 @@ class LayoutProbe:
             self._mf_looked = True
             self._mf_config = find_parallel_config(gc.get_objects())
         return {"parallel_config": self._mf_config} if self._mf_config else {}
+
+
+def _members_of(group: str) -> list[int] | None:
+    try:
+        from mindspore.communication import GlobalComm
+        if not getattr(GlobalComm, "INITED", False) or group == GlobalComm.WORLD_COMM_GROUP:
+            return None
+        from mindspore.communication.management import get_process_group_ranks
+        return sorted(int(r) for r in get_process_group_ranks(group))
+    except Exception:  # noqa: BLE001 - an unknown group stays unknown
+        return None
 
 
 def find_parallel_config(objects: Iterable[Any]) -> dict[str, Any] | None:

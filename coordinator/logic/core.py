@@ -265,7 +265,11 @@ class CoordinatorCore:
         # Other detectors stay quiet about a flagged rank for repeat_after_steps.
         if v.detector == "nan_origin":
             key, until = (v.detector, v.group, None), math.inf
-        elif not v.decided:  # names nobody: a later verdict about one of these ranks is new
+        elif not v.decided:
+            # Names nobody: a rank this detector already named among them explains it (a
+            # drifted replica left with one peer); a later verdict naming one of them is new.
+            if any(v.step < self._quiet.get((v.detector, v.group, r), -math.inf) for r in v.candidates):
+                return True
             key, until = (v.detector, v.group, tuple(v.candidates)), v.step + self.settings.detectors.repeat_after_steps
         else:
             key, until = (v.detector, v.group, v.rank), v.step + self.settings.detectors.repeat_after_steps

@@ -214,6 +214,22 @@ def test_after_a_reconnect_the_registrations_and_name_tables_are_owed_again(tmp_
     assert np.array_equal(resent.body["cols"]["name_ids"], [0])
 
 
+def test_a_rank_s_layout_facts_go_up_and_are_said_again_after_a_reconnect(tmp_path):
+    core, world = make(tmp_path)
+    register(core, b"a", 11, 0, world_size=1, layout=True)
+    core.tick()
+    [reg] = [m for m in up_messages(core.take()) if m.type == protocol.REGISTER]
+    assert reg.body["layout"] is True  # the coordinator waits for this rank's facts
+    detail = {"rank": 0, "facts": {"world": 2, "groups": {"dp": [0, 1]}, "reducers": ["dp"]}}
+    core.on_rank_frame(b"a", encode(Message(protocol.STATUS, "j", "rank:h:11", 1, {"what": "layout",
+                                                                                 "detail": detail})))
+    assert [m.body["detail"] for m in up_messages(core.take()) if m.type == protocol.STATUS] == [detail]
+    core.on_link_up()
+    again = up_messages(core.take())
+    assert [m.type for m in again] == [protocol.REGISTER, protocol.STATUS, protocol.RANK_MAP]
+    assert again[1].body == {"what": "layout", "detail": detail}
+
+
 def test_a_register_with_no_pid_is_refused_and_counted(tmp_path):
     core, world = make(tmp_path)
     register(core, b"a", 0, 0)

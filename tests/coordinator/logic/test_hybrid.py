@@ -235,3 +235,20 @@ def test_gradients_at_round_off_level_are_no_finding_between_two_replicas():
 
     core, clock = _core()
     assert _run(core, clock, sim, 40, noise) == []
+
+
+def test_a_split_left_by_a_rank_already_named_is_not_a_new_finding():
+    """Rank 3's weights drift (named by its replica check); when its one replica then
+    disagrees with it again, that is the same finding, not an undecided new one."""
+    sim = HybridTraining(seed=13)
+    start, end = sim.col("Sentinel.param.fc1"), sim.col("Sentinel.param_end.fc1")
+
+    def drift(step, batches):
+        if step >= 4:  # changed before step 4, and trained on from there
+            batches[3].crc32[start] += 1
+            batches[3].crc32[end] += 1
+
+    core, clock = _core()
+    found = _run(core, clock, sim, 9, drift)
+    assert [(v.detector, v.rank, v.step, v.decided) for v in found] == [("replica", 3, 4, True),
+                                                                        ("param_moved", 3, 4, True)]
