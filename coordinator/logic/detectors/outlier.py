@@ -141,7 +141,9 @@ class OutlierDetector:
         learned = self._learned(tails, cols)  # before this step's values are learned from
         flag_peer, med, mad, floor = self._peer(y, self.s.z, self.log_ratio, kinds, cols, tails, groups)
         view.cache["log_norms"] = (cols, y, med)  # reused by the report series
-        pairs = self._pairs(view, y, cols, floor, learned, groups, state) if groups else None
+        # Two replicas, no majority: a two-rank set, or a whole job of two (plain DP 2).
+        two = groups if groups else [np.arange(2)] if view.ranks.shape[0] == 2 else None
+        pairs = self._pairs(view, y, cols, floor, learned, two, state) if two else None
         flag_hist, level = self._history(y, cols, kinds, state, view.ranks.shape[0], groups)
         flag = flag_peer | flag_hist
         if pairs is not None:
@@ -176,7 +178,7 @@ class OutlierDetector:
                                             for r in evidence["group_values"]["by_rank"]}
         if pairs is not None and (row, j) in pairs.evidence and not (flag_peer[row, j] or flag_hist[row, j]):
             evidence.update(pairs.evidence[(row, j)])
-            evidence["other_replica"] = int(view.ranks[_pair_of(groups, row)])
+            evidence["other_replica"] = int(view.ranks[_pair_of(groups or [np.arange(2)], row)])
         if groups is not None:
             evidence["compared_with"] = sorted(int(view.ranks[r]) for r in _set_of(groups, row))[:64]
         return [make_verdict(self.name, view, row, col, ties, evidence)]

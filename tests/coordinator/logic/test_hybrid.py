@@ -252,3 +252,29 @@ def test_a_split_left_by_a_rank_already_named_is_not_a_new_finding():
     found = _run(core, clock, sim, 9, drift)
     assert [(v.detector, v.rank, v.step, v.decided) for v in found] == [("replica", 3, 4, True),
                                                                         ("param_moved", 3, 4, True)]
+
+
+def test_plain_data_parallel_of_two_ranks_decides_from_history_too():
+    """Two data-parallel ranks, no tensor parallelism: the rank whose local gradients rose
+    against its own history while its replica's did not."""
+    from rankscope.coordinator.logic.synthetic import SyntheticTraining
+    sim = SyntheticTraining(ranks=2, tensors=16, seed=14)
+    g = sim.column("Sentinel.grad_local.layer1.")
+    clock = FakeClock()
+    core = CoordinatorCore({}, clock=clock)
+    found = []
+    for step in range(30):
+        batches = sim.batches(step)
+        if step == 8:  # before 20 steps of history: the history test of many ranks is not armed
+            batches[1].stats[g, :] *= 50
+        found += feed_step(core, clock, batches)
+    assert [(v.detector, v.rank, v.step) for v in found] == [("outlier", 1, 8)]
+    assert "own history" in found[0].evidence["rule"]
+
+
+def test_plain_data_parallel_of_two_ranks_stays_quiet_when_clean():
+    from rankscope.coordinator.logic.synthetic import SyntheticTraining
+    sim = SyntheticTraining(ranks=2, tensors=32, seed=15)
+    clock = FakeClock()
+    core = CoordinatorCore({}, clock=clock)
+    assert [v for step in range(600) for v in feed_step(core, clock, sim.batches(step))] == []
