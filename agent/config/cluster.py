@@ -1,7 +1,7 @@
 """config.json's ``cluster`` section: where the node agent is and how ranks are compared.
 
 One schema for every process: the probe reads ``agent``, ``job``, ``sentinels``,
-``on_terminate``, ``dp_index`` and ``flight_recorder_steps``; the coordinator reads the
+``on_terminate``, ``dp_index``, ``flight_recorder_steps`` and the ``dump_*`` retention; the coordinator reads the
 groups, deadlines, detectors and watchpoints; ``rankscope launch`` checks all of it
 before anything starts. Every error names the field and the value, because the section
 is hand-written.
@@ -95,6 +95,11 @@ class ClusterSettings:
     #: Ingest shards of the coordinator (Ray actors judging a share of the record kinds
     #: each, one verdict actor merging them); 1 = one coordinator actor.
     shards: int = 1
+    #: What of a rank's local dump stays on disk (dump.retention): its newest steps within
+    #: a byte and file budget; None lifts a bound. A msProbe ``step`` list keeps its steps.
+    dump_keep_steps: int | None = 100
+    dump_max_mb: float | None = 1024.0
+    dump_max_files: int | None = 20_000
     #: The section as written (validated): what a process hands on to another.
     section: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
@@ -136,6 +141,10 @@ def parse_cluster(section: Mapping[str, Any] | None) -> ClusterSettings:
             kw[key] = positive_float(fld, val)
         elif key in ("flight_recorder_steps", "max_pending_steps"):
             kw[key] = positive_int(fld, val)
+        elif key in ("dump_keep_steps", "dump_max_files"):
+            kw[key] = None if val is None else positive_int(fld, val)
+        elif key == "dump_max_mb":
+            kw[key] = None if val is None else positive_float(fld, val)
         elif key == "dp_index":
             if val is not None and (not is_int(val) or val < 0):
                 raise ConfigError(fld, val, "expected an integer >= 0 or null")

@@ -35,6 +35,7 @@ from rankscope.dump.files import (  # noqa: F401
     rmdir_quiet,
     write_mapping,
 )
+from rankscope.dump.retention import DumpRetention
 from rankscope.wire.layout import step_dir_name
 from rankscope.wire.records import StepOutput
 
@@ -73,6 +74,11 @@ class DumpWriter:
         self._alias: dict[str, str] = {}  # old label -> new label after rename_rank_folder
         self._logged: dict[tuple[int, str], int] = {}  # error-log messages per (step, label)
         self.errors_suppressed = 0
+        #: What of the dump stays on disk (None: every step written).
+        self.retention: DumpRetention | None = None
+        self._tensor_bytes: dict[tuple[int, str], list[int]] = {}  # (step, label) -> [bytes, files]
+        self._labels: dict[int, str] = {}  # step -> the label it was written under
+        self._remover: Any = None
 
     # ------------------------------------------------------------------ paths
     def rank_dir(self, step: int, rank_label: str) -> Path:
@@ -96,7 +102,10 @@ class DumpWriter:
             self._fail(step, out.rank_label, f"writing step {step} failed: {exc!r}")
 
     def close(self) -> None:
-        """Nothing is buffered: every emit is on disk when it returns."""
+        """Nothing is buffered: every emit is on disk when it returns; removals finish."""
+        if self._remover is not None:
+            self._remover.shutdown(wait=True)
+            self._remover = None
 
     def _write_step(self, step: int, out: StepOutput) -> None:
         label = self._alias.get(out.rank_label, out.rank_label)
@@ -131,6 +140,40 @@ class DumpWriter:
         atomic_write_json(rdir / "stack.json", group_stacks(prev["stacks"]))
         atomic_write_json(rdir / "construct.json", prev["construct"])
         self.steps_written += 1
+        if self.retention is not None:
+            self._retain(step, label, rdir)
+
+    def _retain(self, step: int, label: str, rdir: Path) -> None:
+        """Account the step's files; remove the steps the retention lets go, off this thread."""
+        nbytes, files = self._tensor_bytes.get((step, label), [0, 0])
+        for name in (self._json_name, "stack.json", "construct.json", ERROR_LOG):
+            try:
+                nbytes += (rdir / name).stat().st_size
+                files += 1
+            except OSError:
+                pass
+        self._labels[step] = label
+        for old in self.retention.wrote(step, nbytes, files):
+            self._tensor_bytes.pop((old, self._labels.get(old, label)), None)
+            self._remove(self.rank_dir(old, self._labels.pop(old, label)))
+        while len(self._tensor_bytes) > 4 * _KEEP_STEPS:
+            self._tensor_bytes.pop(next(iter(self._tensor_bytes)))
+
+    def pin_kept(self) -> None:
+        """Keep the steps on disk now for the rest of the run (an incident exports)."""
+        with self._lock:
+            if self.retention is not None:
+                self.retention.pin()
+
+    def retention_report(self) -> dict:
+        with self._lock:
+            return self.retention.report() if self.retention is not None else {}
+
+    def _remove(self, rdir: Path) -> None:
+        if self._remover is None:
+            from concurrent.futures import ThreadPoolExecutor
+            self._remover = ThreadPoolExecutor(1, thread_name_prefix="rankscope-dump-retention")
+        self._remover.submit(_remove_step_dir, rdir)
 
     # ------------------------------------------------------------------ tensors
     def write_tensor(self, step: int, rank_label: str, data_name: str, array: Any) -> str:
@@ -157,6 +200,10 @@ class DumpWriter:
         buf = io.BytesIO()
         np.save(buf, arr, allow_pickle=False)
         atomic_write_bytes(tdir / file_name, buf.getvalue())
+        with self._lock:
+            acc = self._tensor_bytes.setdefault((int(step), label), [0, 0])
+            acc[0] += buf.tell()
+            acc[1] += 1
         return file_name
 
     def _add_mapping(self, step: int, label: str, tdir: Path, file_name: str, original: str) -> None:
@@ -274,3 +321,10 @@ class DumpWriter:
                 fh.write(f"[{stamp}] {msg}\n")
         except OSError:
             pass
+
+
+def _remove_step_dir(rdir: Path) -> None:
+    """A rank's folder of one step, then the step folder if no rank is left in it."""
+    import shutil
+    shutil.rmtree(rdir, ignore_errors=True)
+    rmdir_quiet(rdir.parent)

@@ -319,6 +319,22 @@ class NodeCore(CoordinatorFrames):
         """A local rank's position and newest sync point, read from (and removing) its file."""
         return read_rank_file(position_file(e.job, e.pid)) if e.host == self.host else (None, None)
 
+    def remove_stack_files(self) -> int:
+        """The agent is done: the stack files of its ranks that ended (kept until now for
+        bundles written on their behalf) go, with their job's folder once it is empty."""
+        removed = 0
+        for e in self.registry.entries():
+            path = e.extra.get("stacks_file")
+            if e.host != self.host or not isinstance(path, str) or e.state is ProcessState.LIVE:
+                continue
+            try:
+                os.unlink(path)
+                removed += 1
+                os.rmdir(os.path.dirname(path))
+            except OSError:
+                pass  # gone already, or the folder still holds a live rank's file
+        return removed
+
     def watched_pids(self) -> set[int]:
         """Local processes whose end the loop should be told about at once."""
         return {e.pid for e in self.registry.live() if e.host == self.host}

@@ -129,6 +129,7 @@ class NodeAgent:
                         "when an agent starts on it again", self.s.spool_dir)
 
     def close(self) -> None:
+        self.core.remove_stack_files()
         self.pidfds.close()
         if self.uplink is not None:
             self.uplink.close()

@@ -43,6 +43,7 @@ def export_bundle(dbg: Any, incident_id: str) -> list:
     deletes this copy)."""
     from rankscope.client.transfers import export_scratch
     from rankscope.rdr.bundle import write_bundle
+    dbg.writer.pin_kept()  # the local dump around the incident stays for rankscope collect
     # Written only to be sent: the incident folder keeps the one copy.
     root = export_scratch(incident_id)
     bundle = write_bundle(root, dbg.rank if dbg.rank is not None else dbg._label,  # noqa: SLF001
@@ -60,3 +61,27 @@ def say_layout(dbg: Any) -> None:
     # Only compiled networks carry semi/auto-parallel parameter layouts.
     facts = probe.facts(dbg.graph.step_cells(), dbg.sentinels.trained_shapes())
     client.say_first("status", {"what": LAYOUT, "detail": {"rank": int(dbg.rank), "facts": facts}})
+
+
+def say_dump(dbg: Any, final: bool = False) -> None:
+    """What of the local dump stays on disk: once, when the retention first removes a step
+    (in the rank's log too), and at the end (``final``: at close, or at the process's exit,
+    before the node-agent client's own exit handler closes it)."""
+    retention = dbg.writer.retention
+    if retention is None or retention.removed == 0 or (dbg.dump_said and not final) or dbg.dump_final_said:
+        return
+    report = dbg.writer.retention_report()
+    if not dbg.dump_said:
+        dbg.dump_said = True
+        import atexit
+        import sys
+        print(f"[rankscope] the local dump under {dbg.config.dump_path} {report['why']} (cluster.dump_keep_steps, "
+              "dump_max_mb, dump_max_files)", file=sys.stderr, flush=True)
+        atexit.register(say_dump, dbg, True)
+    dbg.dump_final_said = final
+    client = dbg.client
+    if client is not None and dbg.rank is not None:
+        try:
+            client.state.outbox.put_nowait(("status", {"what": "dump", "detail": {"rank": int(dbg.rank), **report}}))
+        except Exception:  # noqa: BLE001 - a full outbox: the log line stands
+            pass

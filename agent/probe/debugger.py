@@ -16,6 +16,7 @@ from rankscope.config.job import rank_config
 from rankscope.config.msprobe import ranks_not_in_job
 from rankscope.config.schema import KERNEL_LEVEL
 from rankscope.dump.folder_claim import UNKNOWN_HOLDER, claim_rank_label, release_rank_label
+from rankscope.dump.retention import DumpRetention, RetentionPolicy
 from rankscope.dump.writer import DumpWriter
 from rankscope.probe import agent_link, layout_probe
 from rankscope.probe.collectives import CollectiveHooks
@@ -62,6 +63,9 @@ class PrecisionDebugger:
         self.gate = StepGate(exit_on_terminate=cfg.cluster.on_terminate == "exit")
         self.gate.who = lambda: None if self.rank is None else f"rank {self.rank}"
         self.writer = DumpWriter(cfg.dump_path, cfg.task, cfg.level, cfg.summary_mode)
+        c = cfg.cluster
+        self.writer.retention = DumpRetention(RetentionPolicy(c.dump_keep_steps, c.dump_max_mb, c.dump_max_files),
+                                              keep_all=bool(cfg.step))
         self.rank: int | None = None
         self.rank_source = "none"
         self._label = dump_label(None)
@@ -92,6 +96,8 @@ class PrecisionDebugger:
         self._position: Any = None  # PositionWriter once tokens are counted
         self._save_count: dict[str, int] = {}
         self.emit_errors = 0
+        self.dump_said = False  # the local dump's retention said its first removal
+        self.dump_final_said = False
         self.closed = False
         self._started_in_step = False
         if not _auto:
@@ -225,6 +231,7 @@ class PrecisionDebugger:
             self._token_hooks.remove()
         if self._position is not None:
             self._position.close()  # its stores stop: the sync tracker's too
+        self._guard("saying what the local dump keeps", lambda: agent_link.say_dump(self, final=True))
         for sink in self.sinks:
             try:
                 sink.close()
@@ -373,3 +380,4 @@ class PrecisionDebugger:
             except Exception as exc:  # noqa: BLE001
                 self.emit_errors += 1
                 r.error(f"sink {type(sink).__name__}", exc)
+        self._guard("saying what the local dump keeps", lambda: agent_link.say_dump(self))

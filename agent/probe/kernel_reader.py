@@ -104,7 +104,11 @@ class KernelReader:
         self._pool.submit(lambda: None).result()
 
     def close(self) -> None:
+        """Finish what was handed over; then rankscope's own scratch folder (its config, the
+        execution-order files, what MindSpore wrote after the last read) goes too."""
         self._pool.shutdown(wait=True, cancel_futures=False)
+        if self.dump.own:
+            shutil.rmtree(self.dump.root, ignore_errors=True)
 
     # ------------------------------------------------------------------ helper thread
     def _read_new(self, keep_in: Path | None = None, dirs: list | None = None) -> list[KernelRow]:

@@ -116,6 +116,11 @@ SCHEMAS: dict[str, _Schema] = {
 WATCH_DETAIL: _Schema = {"rank": ((int, type(None)), True), "mode": ((str,), True),
                          "how": ((str,), True), "reason": ((str,), True)}
 WATCH_TEXT_MAX = 300
+#: STATUS ``dump``: what of a rank's local dump stays on disk (dump.retention), said when
+#: it first removes a step and when the rank closes.
+DUMP_DETAIL: _Schema = {"rank": ((int,), True), "kept_from": ((int,), True), "kept_to": ((int,), True),
+                        "kept": ((int,), True), "removed": ((int,), True), "removed_through": ((int,), True),
+                        "bytes": ((int,), True), "files": ((int,), True), "why": ((str,), True)}
 
 
 @dataclass
@@ -249,6 +254,8 @@ class Decoder:
             raise ProtocolError("bad_field", f"control.command {body['command']!r}")
         elif mtype == STATUS and body["what"] == "watch":
             _check_watch(body.get("detail"))
+        elif mtype == STATUS and body["what"] == "dump":
+            _check_dump(body.get("detail"))
         elif mtype == STATUS and body["what"] == layout_facts.WHAT:
             layout_facts.check_detail(body.get("detail"))
         elif mtype in (HEARTBEAT, RANK_LOST) and body.get("sync") is not None \
@@ -289,6 +296,14 @@ def _check_watch(detail: Any) -> None:
     for key in ("mode", "how", "reason"):
         if len(detail[key]) > WATCH_TEXT_MAX:
             raise ProtocolError("bad_field", f"status.watch.{key} is longer than {WATCH_TEXT_MAX}")
+
+
+def _check_dump(detail: Any) -> None:
+    if not isinstance(detail, dict):
+        raise ProtocolError("bad_field", "status.dump needs a detail map")
+    _check_body_against("status.dump", DUMP_DETAIL, detail)
+    if len(detail["why"]) > WATCH_TEXT_MAX:
+        raise ProtocolError("bad_field", f"status.dump.why is longer than {WATCH_TEXT_MAX}")
 
 
 #: Per column: (name, dtype string, dtype, trailing shape).

@@ -290,6 +290,10 @@ class Launch:
         """What the verdicts stand on, how each rank was watched, then every verdict."""
         self.say(self.watched_line(status))
         self._say_watch(status)
+        from rankscope.coordinator.logic.coverage import dump_text
+        kept = dump_text(((status or {}).get("coverage") or {}).get(self.job) or {})
+        if kept:
+            self.say(kept)
         for inc in incidents:
             print(format_verdict(inc), flush=True)
 

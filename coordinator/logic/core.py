@@ -172,6 +172,10 @@ class CoordinatorCore:
         """The job's layout as users read it: its line, where it came from, its sets."""
         return self.aligner.layouts.layout(job).to_dict()
 
+    def on_dump(self, job: str, rank: int, detail: dict[str, Any]) -> None:
+        """What of the rank's local dump stays on disk (validated by the wire decoder)."""
+        self.coverage.local_dump(job, rank, detail)
+
     def on_watch(self, job: str, rank: int, detail: dict[str, Any]) -> None:
         """The rank said how it is watched (validated by the wire decoder)."""
         self.aligner.rank(job, rank).watch = {k: detail[k] for k in ("mode", "how", "reason")}

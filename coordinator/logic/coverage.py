@@ -135,6 +135,7 @@ class Coverage:
     def __init__(self) -> None:
         self._jobs: dict[str, _JobLog] = {}
         self._dropped: dict[tuple[str, int], int] = {}
+        self._dumps: dict[tuple[str, int], dict[str, Any]] = {}
 
     def judged(self, job: str, step: int, ranks: Iterable[int]) -> None:
         """A step was judged with these ranks' records in it."""
@@ -142,6 +143,13 @@ class Coverage:
         if log is None:
             log = self._jobs[job] = _JobLog()
         log.add(int(step), tuple(int(r) for r in ranks))
+
+    def local_dump(self, job: str, rank: int, detail: dict[str, Any]) -> None:
+        """What of the rank's local dump stays on disk (STATUS ``dump``)."""
+        self._dumps[(job, rank)] = {k: v for k, v in detail.items() if k != "rank"}
+
+    def dumps_of(self, job: str) -> dict[int, dict[str, Any]]:
+        return {r: d for (j, r), d in self._dumps.items() if j == job}
 
     def dropped(self, job: str, rank: int, steps: int) -> None:
         """The rank says it has dropped this many steps so far (a running total)."""
@@ -161,7 +169,7 @@ class Coverage:
         last step it can have run when it ended early (lost), else None (ran to the end)."""
         judged, dropped = self.per_rank(job), self.dropped_of(job)
         mine = {r: RankCoverage(judged.get(r, StepRanges()), dropped.get(r, 0)) for r in set(judged) | set(dropped)}
-        return _report(job, mine, ends)
+        return _with_dumps(_report(job, mine, ends), self.dumps_of(job))
 
 
 class ShardedCoverage(Coverage):
@@ -187,7 +195,7 @@ class ShardedCoverage(Coverage):
                 got = part.get(rank, StepRanges())
                 judged = got if judged is None else judged.intersection(got)
             mine[rank] = RankCoverage(judged if judged is not None else StepRanges(), dropped.get(rank, 0))
-        return _report(job, mine, ends)
+        return _with_dumps(_report(job, mine, ends), self.dumps_of(job))
 
 
 def _report(job: str, mine: dict[int, RankCoverage], ends: dict[int, int | None]) -> dict[str, Any]:
@@ -218,6 +226,29 @@ def _report(job: str, mine: dict[int, RankCoverage], ends: dict[int, int | None]
     if lost:
         out["lost"] = lost
     return out
+
+
+def _with_dumps(report: dict[str, Any], dumps: dict[int, dict[str, Any]]) -> dict[str, Any]:
+    """Removals by the local dump's retention: which ranks removed which steps, and why."""
+    removed = {r: d for r, d in dumps.items() if d.get("removed")}
+    if removed:
+        report["local_dump"] = {str(r): d for r, d in sorted(removed.items())}
+    return report
+
+
+def dump_text(report: dict[str, Any]) -> str:
+    """``local dump: ranks 0-3 keep steps 300-399 (...; 300 earlier steps removed)``, ranks
+    that kept alike sharing a phrase; "" when no rank removed a step."""
+    by: dict[tuple, list[int]] = {}
+    for r, d in (report.get("local_dump") or {}).items():
+        by.setdefault((d["kept_from"], d["kept_to"], d["removed"], d["why"]), []).append(int(r))
+    parts = []
+    for (lo, hi, n, why), ranks in by.items():
+        who = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {_ranges_text(_runs(ranks))}"
+        parts.append(f"{who} keep steps {lo}-{hi} on disk, {n} earlier step(s) removed ({why})")
+        if len(parts) == 3:
+            break
+    return "local dump: " + "; ".join(parts) if parts else ""
 
 
 def describe(report: dict[str, Any]) -> str:

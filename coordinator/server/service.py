@@ -159,6 +159,8 @@ class CoordinatorService(StatusReports, Handlers):
                                    started=started if isinstance(started, int) and not isinstance(started, bool) else None)
         elif isinstance(rank, int) and what == "watch":
             self.ingest.on_watch(job, rank, detail)
+        elif isinstance(rank, int) and what == "dump":
+            self.core.on_dump(job, rank, detail)
         elif what == layout_facts.WHAT:
             rank, facts = layout_facts.check_detail(detail)  # checked by the decoder already: it cannot raise
             self.ingest.on_layout(job, rank, facts)

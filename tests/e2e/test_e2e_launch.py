@@ -23,7 +23,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
 RANKS = 4
 
 
-def run_launch(tmp_path: Path, fault: str | None, steps: int = 8, action: str = "terminate", join: bool = True):
+def run_launch(tmp_path: Path, fault: str | None, steps: int = 8, action: str = "terminate", join: bool = True,
+               config: dict | None = None):
     out = tmp_path / "out"
     env = dict(os.environ)
     env["TRAIN_STEPS"] = str(steps)
@@ -36,7 +37,11 @@ def run_launch(tmp_path: Path, fault: str | None, steps: int = 8, action: str = 
     msrun = msrun_command(RANKS, out / "msrun_logs")
     if not join:
         msrun.remove("--join=True")
-    cmd = [sys.executable, "-m", "rankscope", "launch", "--export-dir", str(out), "--grace", "3",
+    given = []
+    if config is not None:
+        (tmp_path / "config.json").write_text(json.dumps(config))
+        given = ["--config", str(tmp_path / "config.json")]
+    cmd = [sys.executable, "-m", "rankscope", "launch", "--export-dir", str(out), "--grace", "3", *given,
            "--on-divergence", action, "--", *msrun]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=400)
     incidents = sorted((out / "incidents").glob("*/incident.json")) if (out / "incidents").exists() else []
@@ -56,14 +61,19 @@ def _explain(proc, out: Path) -> str:
 def test_clean_run_exits_zero_with_no_incident(tmp_path):
     # msrun as typed without --join: its default (False) returns at once, with the
     # workers still starting; launch runs it joined and says so.
-    proc, out, incidents = run_launch(tmp_path, None, steps=6, join=False)
+    # A local dump kept to the newest 3 steps of each rank, as a long run keeps its newest 100.
+    proc, out, incidents = run_launch(tmp_path, None, steps=6, join=False,
+                                      config={"level": "L0", "cluster": {"dump_keep_steps": 3}})
     assert proc.returncode == 0, _explain(proc, out)
     assert incidents == [], incidents
     assert "no divergence found" in proc.stdout
     assert "running it with --join=True" in proc.stdout and "watched steps 0-5 on 4/4 ranks" in proc.stdout
-    # The local dump is msProbe's layout, one folder per rank.
-    ranks = sorted(p.name for p in (out / "local_dump").glob("step0/rank*"))
+    # The local dump is msProbe's layout, one folder per rank, the newest steps only.
+    ranks = sorted(p.name for p in (out / "local_dump").glob("step5/rank*"))
     assert ranks == [f"rank{r}" for r in range(RANKS)], ranks
+    assert sorted(p.name for p in (out / "local_dump").glob("step*")) == ["step3", "step4", "step5"]
+    assert ("local dump: ranks 0-3 keep steps 3-5 on disk, 3 earlier step(s) removed (keeps the newest 3 steps, "
+            "at most 1024 MB, at most 20000 files; older steps removed by the rolling window)") in proc.stdout
 
 
 @pytest.mark.parametrize("fault, detector, rank, step", [

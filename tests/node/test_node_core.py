@@ -230,6 +230,30 @@ def test_a_rank_s_layout_facts_go_up_and_are_said_again_after_a_reconnect(tmp_pa
     assert again[1].body == {"what": "layout", "detail": detail}
 
 
+def test_stack_files_of_ranks_that_ended_go_when_the_agent_is_done(tmp_path):
+    core, world = make(tmp_path)
+    folder = tmp_path / "rankscope-stacks" / "j"
+    folder.mkdir(parents=True)
+    files = {pid: folder / f"{pid}.txt" for pid in (11, 12)}
+    for i, (pid, path) in enumerate(files.items()):
+        path.write_text("stacks")
+        register(core, bytes([i]), pid, i, world_size=2, stacks_file=str(path))
+    world.t += 1
+    core.tick()
+    world.kill(11, signal.SIGKILL)  # rank 0 ended; rank 1 still runs
+    core.on_pid_exit(11)
+    world.t += 1
+    core.tick()
+    assert core.remove_stack_files() == 1
+    assert not files[11].exists() and files[12].exists() and folder.exists()
+    world.kill(12, 0)
+    core.on_pid_exit(12)
+    world.t += 1
+    core.tick()
+    core.remove_stack_files()
+    assert not folder.exists()
+
+
 def test_a_register_with_no_pid_is_refused_and_counted(tmp_path):
     core, world = make(tmp_path)
     register(core, b"a", 0, 0)

@@ -338,3 +338,16 @@ def test_a_kernel_file_whose_size_fits_no_float_width_is_refused_by_name(tmp_pat
         fh.write(b"\0" * 4)  # one value more than the header's shape
     with pytest.raises(ValueError, match=r"t\.npy: the header says <i4 \(6,\) \(24 bytes\), the file holds 28 bytes"):
         load_npy(str(path))
+
+
+def test_closing_removes_rankscope_s_own_scratch_folder_and_never_a_user_s(tmp_path):
+    for own in (True, False):
+        root = tmp_path / f"kernels_{own}"
+        order_csv(root, [SCOPE])
+        (root / "mindspore_dump_config.json").write_text("{}")
+        write(root / "rank_0" / "rankscope" / "0" / "0", "MatMul", SCOPE, "input", 0, np.ones(3, np.float32), 5)
+        reader = KernelReader(KernelDump(root, own, "tensor", "x"), lambda *_: None)
+        reader.submit()
+        reader.collect()
+        reader.close()
+        assert root.exists() is not own
