@@ -79,6 +79,8 @@ class GraphWatch:
         try:
             self.dbg.gate.closing = True
             self._settle()  # the last step, whether or not the watch line was said at an earlier one
+            if self.kernels is not None:
+                self.kernels.close()  # every step is read: its scratch folder goes
             if r.said is not None:
                 return
             if not self.dbg._identified:  # noqa: SLF001

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,6 +28,9 @@ from typing import Any
 ENV = "MINDSPORE_DUMP_CONFIG"
 DEFAULT_KERNELS = ("AllReduce", "MatMul", "Conv2D")
 NET_NAME = "rankscope"
+#: What MindSpore accepts in a dump path ("Dump path only support alphabets, digit or
+#: {'-', '_', '/'}"): anything else fails the script's first compile.
+_DUMP_PATH = re.compile(r"[A-Za-z0-9_\-/]+")
 
 
 @dataclass
@@ -60,7 +65,7 @@ def install(dump_root: Path, choice: Any, device_target: str, env: dict | None =
     if user:
         return _users(Path(user))
     mode, kernels, text = settings_of(choice)
-    root = Path(dump_root).absolute() / f"kernels_{os.getpid()}"
+    root = scratch_root(Path(dump_root))
     root.mkdir(parents=True, exist_ok=True)
     saved = "tensor" if device_target == "CPU" else "statistic"
     cfg = {
@@ -78,6 +83,19 @@ def install(dump_root: Path, choice: Any, device_target: str, env: dict | None =
     path.write_text(json.dumps(cfg, indent=1))
     env[ENV] = str(path)
     return KernelDump(root, True, saved, text)
+
+
+def scratch_root(dump_root: Path) -> Path:
+    """Where this process's kernel files land: beside its local dump, or, when that path has
+    a character MindSpore's dump refuses (a "first.last" home, a "run.v2" export folder),
+    under the temp folder. ValueError when neither is a path MindSpore takes."""
+    name = f"kernels_{os.getpid()}"
+    here, there = Path(dump_root).absolute() / name, Path(tempfile.gettempdir()).absolute() / "rankscope-kernels" / name
+    for root in (here, there):
+        if _DUMP_PATH.fullmatch(str(root)):
+            return root
+    raise ValueError(f"MindSpore's kernel dump takes only letters, digits, '-', '_' and '/' in its path, and "
+                     f"neither {here} nor {there} is one")
 
 
 def _users(path: Path) -> KernelDump:

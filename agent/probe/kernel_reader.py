@@ -109,6 +109,11 @@ class KernelReader:
         self._pool.shutdown(wait=True, cancel_futures=False)
         if self.dump.own:
             shutil.rmtree(self.dump.root, ignore_errors=True)
+            if self.dump.root.parent.name == "rankscope-kernels":
+                try:
+                    self.dump.root.parent.rmdir()  # the temp folder's, once no process uses it
+                except OSError:
+                    pass
 
     # ------------------------------------------------------------------ helper thread
     def _read_new(self, keep_in: Path | None = None, dirs: list | None = None) -> list[KernelRow]:

@@ -66,9 +66,10 @@ def test_clean_graph_job_runs_untouched_and_every_rank_says_it_is_watched(tmp_pa
     for log in sorted((out / "msrun_logs").glob("worker_*.log")):
         text = log.read_text(errors="replace")
         assert "Unsupported statement" not in text and "finished" in text, log.name
-    # The kernel files were read and deleted as the run went: nothing but configs left.
+    # The kernel files were read and deleted as the run went, and the scratch folder at exit.
     left = [p for p in (out / "local_dump").rglob("*.npy")]
     assert left == [], left[:5]
+    assert list((out / "local_dump").glob("kernels_*")) == []
 
 
 def test_a_jit_compiled_tutorial_step_is_watched_every_step_and_a_nan_batch_named(tmp_path):

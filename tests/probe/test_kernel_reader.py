@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import math
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -250,6 +252,19 @@ def test_our_config_dumps_tensors_on_cpu_and_statistics_elsewhere(tmp_path):
     cfg = json.loads(Path(env["MINDSPORE_DUMP_CONFIG"]).read_text())["common_dump_settings"]
     assert cfg["saved_data"] == "statistic" and cfg["dump_mode"] == 0
     assert kernel_config.install(tmp_path, "off", "CPU", {}) is None
+
+
+def test_an_export_folder_mindspore_s_dump_refuses_puts_the_kernel_files_under_temp(tmp_path, monkeypatch):
+    """MindSpore fails the script's first compile on a dump path with a '.' or ':' in it
+    (a run.v2 export folder, a first.last home): rankscope's scratch goes elsewhere."""
+    env: dict = {}
+    dump = kernel_config.install(tmp_path / "out.v2" / "local_dump", "default", "CPU", env)
+    assert "." not in str(dump.root) and dump.root.parent.name == "rankscope-kernels" and dump.root.is_dir()
+    assert dump.root.parent.parent == Path(tempfile.gettempdir())
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp.x"))
+    with pytest.raises(ValueError, match="letters, digits"):
+        kernel_config.install(tmp_path / "a:b", "default", "CPU", {})
+    shutil.rmtree(dump.root)
 
 
 def test_a_users_dump_config_wins(tmp_path):
