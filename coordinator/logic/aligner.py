@@ -276,9 +276,12 @@ class StepAligner:
                 late = now - slot.created >= self.settings.deadline_s
                 if missing.any() and not (force or late or over):
                     break
-                if grp.owed and not (force or late or over) and \
-                        any(p < rows and slot.reported[p] for p in grp.owed):
-                    break  # their layout, which says who is compared with whom, is on its way
+                if grp.owed:
+                    waiting = {p for p in grp.owed if p < rows and slot.reported[p]}
+                    if waiting and not (force or late or over):
+                        break  # their layout, which says who is compared with whom, is on its way
+                    # Waited for once: a layout that never came holds no later step.
+                    grp.owed -= waiting
                 del grp.slots[step]
                 held -= slot.nbytes
                 grp.judged_through = step

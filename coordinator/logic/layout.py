@@ -100,10 +100,14 @@ def derive(facts: dict[int, dict[str, Any]], ranks: Iterable[int], world: int | 
     answers = {r: _answer(r, facts.get(r), named, everyone) for r in ranks}
     hybrid = any(a.replicas is not None and len(a.replicas) < len(everyone) for a in answers.values())
     for r, a in answers.items():
-        if a.replicas is None and facts.get(r) is None and not hybrid:
+        # A rank that said nothing of a layout (no facts, or facts of plain data
+        # parallelism: no group but the world) is every rank's replica, unless another
+        # rank's answer shows the job is split: then nothing can be assumed of it.
+        if a.replicas is None and not a.note and not hybrid:
             answers[r] = _Answer(everyone, everyone, "default")
         elif a.replicas is None:
-            answers[r] = _Answer((r,), (r,), "unknown", a.note or "sent no layout")
+            said = "sent no layout" if facts.get(r) is None else "said nothing of which ranks are its replicas"
+            answers[r] = _Answer((r,), (r,), "unknown", a.note or said)
     return _finish(ranks, answers, facts, "learned")
 
 
@@ -127,10 +131,12 @@ def _answer(r: int, f: dict | None, named: dict[str, Ranks], everyone: Ranks) ->
     if f is None:
         return _Answer(None, None, "unknown")
     if f.get("mindspore_rank") is not None and f["mindspore_rank"] != r:
-        # The node agent gave this process another id (ids clashed): its groups speak of ids
-        # the job no longer uses.
+        # The node agent gave this process another id (ids clashed, as DP inference
+        # workers alone in their worlds do): groups it made speak of ids the job does not use.
+        made = bool(f.get("groups") or f.get("reducers")) or any(
+            g not in WORLD_GROUPS and g != f.get("world_group") for _, g in f.get("collectives") or [])
         return _Answer(None, None, "unknown", "renumbered by the node agent (its id clashed), so the groups it "
-                       "made do not apply")
+                       "made do not apply" if made else "")
     ctx = f.get("context") or {}
     opt_sharded = bool(ctx.get("parallel_optimizer"))
     reducers = f.get("reducers") or []

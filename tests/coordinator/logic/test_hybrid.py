@@ -180,10 +180,13 @@ def test_a_layout_that_never_comes_holds_a_step_no_longer_than_the_deadline():
     core = CoordinatorCore({"deadline_s": 5}, clock=clock)
     for r in range(4):
         core.on_register("hybrid", r, {"world_size": 4, "pid": 100 + r, "layout": True})
-    feed_step(core, clock, HybridTraining(seed=9).batches(0))
+    sim = HybridTraining(seed=9)
+    feed_step(core, clock, sim.batches(0))
     clock.advance(5.1)
     core.tick()
     assert core.aligner.counters["steps_judged"] == 1
+    feed_step(core, clock, sim.batches(1))  # waited for once: the next step is not held again
+    assert core.aligner.counters["steps_judged"] == 2
 
 
 def test_cluster_layout_overrides_what_ranks_say():

@@ -140,3 +140,19 @@ def test_the_book_derives_again_only_when_a_rank_s_facts_change():
     assert book.layout("j").version > first.version
     book.forget("j")
     assert book.layout("j").whole
+
+
+def test_data_parallel_ranks_that_reduce_by_hand_are_still_one_replica_set():
+    """No reducer, no context, no group of their own: what plain data parallelism with a
+    world AllReduce per gradient says of itself."""
+    facts = {r: {"mindspore_rank": r, "world": 4, "world_group": "mccl_world_group",
+                 "collectives": [["AllReduce", "mccl_world_group"]]} for r in range(4)}
+    assert derive(facts, range(4)).whole
+
+
+def test_renumbered_dp_inference_workers_alone_in_their_worlds_are_one_replica_set():
+    """Four serving workers each think they are rank 0 of a world of 1; the node agent
+    numbers them 0-3. Nothing they made is a group: they stay comparable."""
+    facts = {r: {"mindspore_rank": 0, "world": 1} for r in range(4)}
+    lay = derive(facts, range(4), world=4)
+    assert lay.whole and "renumbered" not in lay.line
