@@ -68,6 +68,21 @@ def _all_equal_to_first_row(view: StepView, cols: np.ndarray) -> bool:
     return bool(same[cols].all())
 
 
+def _unequal_sets(view: StepView, cols: np.ndarray, groups: list[np.ndarray]) -> list[np.ndarray]:
+    """The replica sets some of whose rows differ from their set's first row in ``cols``:
+    one comparison over every row at once, so a clean step of many sets costs no hashing."""
+    if not groups:
+        return []
+    rep = np.arange(view.ranks.shape[0])
+    for g in groups:
+        rep[g] = g[0]
+    bits = np.ascontiguousarray(view.stats[:, cols, :]).view(np.uint64)
+    same = ((bits == bits[rep]).all(axis=2) & (view.crc[:, cols] == view.crc[rep][:, cols])
+            & (view.numel[:, cols] == view.numel[rep][:, cols])
+            & (view.present[:, cols] == view.present[rep][:, cols])).all(axis=1)
+    return [g for g in groups if not same[g].all()]
+
+
 def _equal_rows(view: StepView, rows: np.ndarray, cols: np.ndarray) -> bool:
     """Whether the present cells of ``rows`` x ``cols`` hold one value per column."""
     pres = view.present[rows[:, None], cols]
@@ -98,7 +113,7 @@ class ReplicaDetector:
             if cols.shape[0] and not (view.present[:, cols].all() and _all_equal_to_first_row(view, cols)):
                 units.append((None, cols))  # the clean case above costs no hashing or sorting
         elif cols.shape[0]:
-            units += [(rows, cols) for rows in sets.replica_groups() if not _equal_rows(view, rows, cols)]
+            units += [(rows, cols) for rows in _unequal_sets(view, cols, sets.replica_groups())]
         if not view.replicas_mode:
             units += self._collective_units(view)
         found = [v for rows, c in units if (v := self._judge_rows(view, rows, c, first_step)) is not None]
@@ -112,16 +127,14 @@ class ReplicaDetector:
         """A replicating collective's outputs, judged among the ranks that have each
         column (its group), grouped by which ranks those are."""
         outs = replicated_outputs(view.keys, view.present.shape[1])
-        by_rows: dict[bytes, list[int]] = {}
-        for c in outs.tolist():
-            rows = view.present[:, c]
-            if rows.sum() >= 2:
-                by_rows.setdefault(rows.tobytes(), []).append(c)
+        if not outs.shape[0]:
+            return []
+        patterns, which = np.unique(view.present[:, outs].T, axis=0, return_inverse=True)
         units = []
-        for key, cs in by_rows.items():
-            rows = np.flatnonzero(np.frombuffer(key, bool))
-            c = np.array(cs, np.int64)
-            if not _equal_rows(view, rows, c):
+        for i, pattern in enumerate(patterns):
+            rows = np.flatnonzero(pattern)
+            c = outs[which.reshape(-1) == i]
+            if rows.shape[0] >= 2 and not _equal_rows(view, rows, c):
                 units.append((rows, c))
         return units
 
