@@ -371,6 +371,7 @@ class CoordinatorCore:
                 r["lag"] = j["newest_step"] - r["step"]
             j["cut"] = self.book.cut_report(job)
             j["layout"] = self.layout(job)
+            j["verdicts_past_incident_cap"] = self.book.capped.get(job, 0)
         return {
             "jobs": jobs, "pending_steps": self.aligner.pending_steps(), "counters": dict(self.aligner.counters),
             "steps_judged": self.aligner.counters["steps_judged"], "records": self.aligner.counters["records"],

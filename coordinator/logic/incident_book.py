@@ -29,6 +29,10 @@ from rankscope.wire.layout import incident_dir
 log = logging.getLogger(__name__)
 
 MAX_RELATED = 100
+#: Incidents one job opens at most: each exports every rank's bundle, and a run of
+#: 100,000 steps under ``continue`` with a recurring finding must not fill the disk with
+#: them. Later verdicts are still kept (status, coverage) and counted, not exported.
+MAX_INCIDENTS_PER_JOB = 100
 MAX_QUEUED_ACTIONS = 1000
 _OPERATOR = {"pause": ActionKind.PAUSE, "resume": ActionKind.RESUME, "terminate": ActionKind.TERMINATE,
              "step": ActionKind.STEP}
@@ -54,6 +58,8 @@ class IncidentBook:
         #: A named culprit that came while an undecided incident of its job was open: it
         #: opens its own incident (with the job's policy) once that one is over.
         self.deferred: dict[str, Verdict] = {}
+        #: Verdicts per job that came after MAX_INCIDENTS_PER_JOB and opened nothing.
+        self.capped: dict[str, int] = {}
         for inc in self.store.load_all():  # a restarted coordinator keeps its incidents
             self.by_id[inc.incident_id] = inc
             if inc.state is IncidentState.TERMINATED:
@@ -77,6 +83,12 @@ class IncidentBook:
                 inc.related.append(v.to_dict())
                 self.store.save(inc)
             return inc
+        if v.detector != "manual" and sum(i.job == v.job for i in self.by_id.values()) >= MAX_INCIDENTS_PER_JOB:
+            if not self.capped.get(v.job):
+                log.warning("job %s: %d incidents opened; later verdicts are kept but export nothing",
+                            v.job, MAX_INCIDENTS_PER_JOB)
+            self.capped[v.job] = self.capped.get(v.job, 0) + 1
+            return None
         wall = self.wall_clock()
         # An operator's export names no rank; an undecided verdict names none either.
         who = "-undecided" if not v.decided else f"-r{v.rank}" if v.rank >= 0 else ""

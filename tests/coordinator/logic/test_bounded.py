@@ -8,7 +8,10 @@ from logic_helpers import FakeClock, feed_step
 
 from rankscope.coordinator.logic.core import CoordinatorCore
 from rankscope.coordinator.logic.coverage import MAX_RUNS
+from rankscope.coordinator.logic.incident import IncidentEvent
+from rankscope.coordinator.logic.incident_book import MAX_INCIDENTS_PER_JOB
 from rankscope.coordinator.logic.synthetic import SyntheticTraining
+from rankscope.coordinator.logic.verdict import Verdict
 from rankscope.dump.retention import DumpRetention, RetentionPolicy
 from rankscope.dump.writer import DumpWriter
 from rankscope.node.core import NodeCore
@@ -16,7 +19,7 @@ from rankscope.node.settings import AgentSettings
 from rankscope.rdr.flight_recorder import FlightRecorder
 from rankscope.wire import protocol
 from rankscope.wire.protocol import Message, encode
-from rankscope.wire.records import StepBatch, StepOutput
+from rankscope.wire.records import Kind, NameTable, StepBatch, StepBatchBuilder, StepOutput
 
 STEPS = 3000
 
@@ -83,7 +86,6 @@ def test_the_in_rank_flight_recorder_keeps_its_last_k_steps():
 
 
 def test_the_node_agent_holds_a_rank_s_last_steps_and_names_not_its_history(tmp_path):
-    from rankscope.wire.records import Kind, NameTable, StepBatchBuilder
     settings = AgentSettings(listen="ipc:///nowhere", coordinator="tcp://127.0.0.1:1", job="j",
                              bundle_dir=tmp_path / "bundles", settle_s=0.0, heartbeat_timeout_s=5.0)
     t = [100.0]
@@ -101,9 +103,20 @@ def test_the_node_agent_holds_a_rank_s_last_steps_and_names_not_its_history(tmp_
         core.on_rank_frame(b"a", encode(protocol.step_message(batch, "rank:h:11", step + 1)))
         core.take()
     [entry] = core.registry.live()
-    assert len(core.bundles.recorder(entry).steps()) == settings_k(core)
+    assert len(core.bundles.recorder(entry).steps()) == core.bundles.k
     assert sum(len(v) for v in core.names._names.values()) == 1  # noqa: SLF001
 
 
-def settings_k(core: NodeCore) -> int:
-    return core.bundles.k
+def test_a_job_opens_at_most_its_incident_cap_and_counts_the_verdicts_after_it():
+    clock = FakeClock()
+    core = CoordinatorCore({"on_divergence": "continue"}, clock=clock)
+    for r in range(2):
+        core.on_register("j", r, {"world_size": 2, "pid": r})
+    for n in range(MAX_INCIDENTS_PER_JOB + 25):
+        v = Verdict("outlier", n % 2, 10_000 + 2000 * n, "t", 0, "loss", "j/0", job="j")
+        inc = core.book.open_or_attach(v)
+        if inc is not None:  # the continue policy: exported (no bundles here), written, over
+            core.book.fire(inc, IncidentEvent.EXPORT_TIMEOUT)
+            core.book.fire(inc, IncidentEvent.WRITE_DONE)
+    assert len(core.book.by_id) == MAX_INCIDENTS_PER_JOB
+    assert core.status()["jobs"]["j"]["verdicts_past_incident_cap"] == 25
