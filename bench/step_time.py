@@ -5,6 +5,7 @@ Modes run in alternating rounds inside one process so machine noise hits all of 
 alike; the figure is the ratio of median step times vs plain.
 
     .venv/bin/python bench/step_time.py [--steps 30] [--rounds 5] [--modes plain,sentinels,L0,L1,mix]
+    .venv/bin/python bench/step_time.py --modes plain,sentinels,sentinels_norerun,L0,L0_norerun
 
 Prints one line per mode and a final JSON line.
 """
@@ -53,15 +54,22 @@ def run_mode(mode: str, steps: int, dump_root: str, data) -> tuple[list[float], 
     from rankscope import PrecisionDebugger
     x, y = data
     dbg = None
+    base = mode.removesuffix("_norerun")
     if mode != "plain":
-        level = "L0" if mode == "sentinels" else mode
-        dbg = PrecisionDebugger(dump_path=os.path.join(dump_root, mode), level=level, task="statistics")
+        # "<mode>_norerun": the same with cluster.rerun off (the anomaly check on each
+        # value_and_grad call is what it leaves out).
+        level = "L0" if base == "sentinels" else base
+        cfg = os.path.join(dump_root, f"{mode}.json")
+        with open(cfg, "w") as f:
+            json.dump({"task": "statistics", "level": level, "dump_path": os.path.join(dump_root, mode),
+                       "cluster": {"rerun": base == mode}}, f)
+        dbg = PrecisionDebugger(config_path=cfg)
     net, opt, grad_fn = build()
     times, cpu, thread = [], [], []
     for i in range(steps + 3):
         t0, c0, h0 = time.perf_counter(), time.process_time(), time.thread_time()
         if dbg is not None:
-            dbg.start(net if mode != "sentinels" else None)
+            dbg.start(net if base != "sentinels" else None)
         loss, grads = grad_fn(x, y)
         opt(grads)
         if dbg is not None:

@@ -17,6 +17,14 @@ attaches the probe from outside. Run it under msrun (4 CPU ranks here):
 - ``seed``: that rank initialises its model with a different seed.
 - ``kill``: that rank kills itself with SIGKILL in the middle of the step (after its
   backward, before the gradient AllReduce).
+- ``sdc_once``: one value of the model's output on that rank is NaN on the first
+  execution of that step only, as a device that miscomputes once (silent data corruption)
+  would: running the same step again gives the right value.
+- ``sdc_always``: the same on every execution of that step, as a device that keeps
+  miscomputing would.
+
+At the end each rank prints a CRC-32 of its weights (``rank R/N weights crc32 X``): the
+same on every rank of a healthy run, and the same as an unwatched run's.
 
 ``TRAIN_STEPS`` (default 12) sets the number of steps; ``TRAIN_STEP_SLEEP`` (seconds,
 default 0) paces them, as a slow input pipeline would.
@@ -27,6 +35,7 @@ import os
 import signal
 import sys
 import time
+import zlib
 
 import mindspore as ms
 import numpy as np
@@ -84,8 +93,17 @@ def main() -> int:
     optimizer = nn.Adam(net.trainable_params(), learning_rate=1e-2)
     reducer = nn.DistributedGradReducer(optimizer.parameters)
 
+    executions: dict[int, int] = {}
+    corrupt = np.zeros((BATCH, OUT), np.float32)
+    corrupt[0, 0] = np.nan
+
     def forward(x, y):
-        return loss_fn(net(x), y)
+        out = net(x)
+        executions[step] = executions.get(step, 0) + 1
+        if mine and mine[0] in ("sdc_once", "sdc_always") and step == mine[2] \
+                and (mine[0] == "sdc_always" or executions[step] == 1):
+            out = out + ms.Tensor(corrupt)
+        return loss_fn(out, y)
 
     grad_fn = ms.value_and_grad(forward, None, optimizer.parameters)
     scale = float(os.environ.get("TRAIN_FAULT_SCALE", "50"))
@@ -110,6 +128,8 @@ def main() -> int:
         grads = reducer(grads)
         optimizer(grads)
         print(f"rank {rank}/{world} step {step} loss {float(loss.asnumpy()):.6f}", flush=True)
+    crc = zlib.crc32(b"".join(p.asnumpy().tobytes() for p in net.trainable_params()))
+    print(f"rank {rank}/{world} weights crc32 {crc:08x}", flush=True)
     return 0
 
 

@@ -1,6 +1,6 @@
 """config.json's ``cluster`` section: where the node agent is and how ranks are compared.
 
-One schema for every process: the probe reads ``agent``, ``job``, ``sentinels``,
+One schema for every process: the probe reads ``agent``, ``job``, ``sentinels``, ``rerun``, ``on_transient``,
 ``on_terminate``, ``dp_index``, ``flight_recorder_steps`` and the ``dump_*`` retention; the coordinator reads the
 groups, deadlines, detectors and watchpoints; ``rankscope launch`` checks all of it
 before anything starts. Every error names the field and the value, because the section
@@ -23,6 +23,7 @@ from rankscope.config.detectors import DetectorSettings, parse_detectors
 from rankscope.config.errors import ConfigError
 from rankscope.config.layout import LayoutSpec, parse_layout
 from rankscope.config.watchpoints import WatchpointRule, parse_watchpoints
+from rankscope.wire.rerun_facts import ON_TRANSIENT
 from rankscope.wire.shards import check_shard_count
 
 
@@ -100,6 +101,13 @@ class ClusterSettings:
     dump_keep_steps: int | None = 100
     dump_max_mb: float | None = 1024.0
     dump_max_files: int | None = 20_000
+    #: A rank whose loss or gradients are anomalous before the reduction re-runs that
+    #: forward and backward once (probe.rerun) and says whether the fault reproduced.
+    rerun: bool = True
+    #: A fault the re-run did not reproduce (rerun_facts.ON_TRANSIENT): "continue" (the
+    #: step goes on as made; the incident follows on_divergence), "skip" (the step goes on
+    #: with the re-run's result; the incident exports and the job runs on) or "pause".
+    on_transient: str = "continue"
     #: The section as written (validated): what a process hands on to another.
     section: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
@@ -124,7 +132,7 @@ def parse_cluster(section: Mapping[str, Any] | None) -> ClusterSettings:
             if val is not None and (not isinstance(val, str) or not val):
                 raise ConfigError(fld, val, "expected a non-empty string or null")
             kw[key] = val
-        elif key == "sentinels":
+        elif key in ("sentinels", "rerun"):
             if not isinstance(val, bool):
                 raise ConfigError(fld, val, "expected true or false")
             kw[key] = val
@@ -136,6 +144,8 @@ def parse_cluster(section: Mapping[str, Any] | None) -> ClusterSettings:
             kw[key] = OnDivergence(choice(fld, val, [p.value for p in OnDivergence]))
         elif key == "on_terminate":
             kw[key] = choice(fld, val, ON_TERMINATE)
+        elif key == "on_transient":
+            kw[key] = choice(fld, val, ON_TRANSIENT)
         elif key in ("deadline_s", "pause_timeout_s", "export_timeout_s", "hang_timeout_s", "failure_settle_s",
                      "teardown_window_s", "max_pending_mb"):
             kw[key] = positive_float(fld, val)

@@ -18,7 +18,7 @@ from rankscope.config.schema import KERNEL_LEVEL
 from rankscope.dump.folder_claim import UNKNOWN_HOLDER, claim_rank_label, release_rank_label
 from rankscope.dump.retention import DumpRetention, RetentionPolicy
 from rankscope.dump.writer import DumpWriter
-from rankscope.probe import agent_link, layout_probe
+from rankscope.probe import agent_link, layout_probe, rerun
 from rankscope.probe.collectives import CollectiveHooks
 from rankscope.probe.gate import RankscopeTerminated, StepGate
 from rankscope.probe.graph_watch import GraphWatch, graph_mode
@@ -78,6 +78,7 @@ class PrecisionDebugger:
         self.sentinels = Sentinels(self.recorder)
         self.sync = SyncTracker()
         self.sentinels.sync = self.sync
+        rerun.attach(self)
         self.collectives = CollectiveHooks(self.recorder, self.sync)
         self.layout = LayoutProbe()
         self.recorder.params_now = lambda: not any(True for _ in self.sentinels.optimizers)

@@ -235,7 +235,7 @@ class GraphWatch:
 
 def _grad_names(cell: Any, optimizers: list) -> list[tuple[str, tuple]]:
     """(parameter name, shape) in the gradient reducer's order, for naming its AllReduce."""
-    from rankscope.probe.sentinels import _reducer_names
+    from rankscope.probe.sentinel_patches import _reducer_names
     shapes = {p.name: tuple(p.shape) for opt in optimizers for p in getattr(opt, "parameters", ())}
     for _, sub in cell.cells_and_names():
         names = _reducer_names.get(sub) if type(sub).__name__ == "DistributedGradReducer" else None

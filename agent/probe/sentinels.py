@@ -27,6 +27,7 @@ from typing import Any, Callable
 
 from rankscope.probe import compile_guard, layout_probe
 from rankscope.probe.hooks.recorder import Recorder
+from rankscope.probe.sentinel_patches import _active, _install_patches, _patches, _reducer_names, _restore_patches
 from rankscope.probe.sync_tracker import SyncTracker
 from rankscope.wire.records import Kind
 
@@ -56,6 +57,8 @@ class Sentinels:
         #: Called with (fn, weights) when a value_and_grad/grad function is created:
         #: autoattach uses it to find the model.
         self.on_grad_fn: Callable[[Any, Any], None] | None = None
+        #: Re-runs an anomalous value_and_grad call (rankscope.probe.rerun.Rerunner), or None.
+        self.rerun: Any = None
 
     # ------------------------------------------------------------------ attach
     def attach(self) -> None:
@@ -261,15 +264,6 @@ class Sentinels:
             r.row(f"{prefix}.{pname}", kind, g, crc=kind is Kind.GRAD_REDUCED)
 
 
-# ---------------------------------------------------------------------- patches
-# Process-wide, because the patched callables are: one set of patches however many
-# debuggers exist (a script's own after autoattach's, tests), always feeding the newest
-# attached Sentinels, and removed when the last one detaches.
-_active: list[Sentinels] = []
-_patches: list[tuple[Any, str, Any]] = []
-_reducer_names: "weakref.WeakKeyDictionary[Any, list[str]]" = weakref.WeakKeyDictionary()
-
-
 def _stats_crc_later(p: Any) -> Any:
     """Stats now (cheap), CRC-32 of a copy on the helper thread (see crc32_later)."""
     from rankscope.probe.stats import array_stats, crc32_later, to_numpy
@@ -292,97 +286,3 @@ def _stats_crc_now(p: Any) -> Any:
     from rankscope.probe.stats import array_stats, to_numpy
     arr, dtype_name = to_numpy(p)
     return array_stats(arr, dtype_name, crc=True)
-
-
-def _current() -> Sentinels | None:
-    return _active[-1] if _active else None
-
-
-def _install_patches() -> None:
-    import mindspore as ms
-    from mindspore import nn, ops
-    from mindspore.ops.function.grad import grad_func
-    _patch_init(nn.Optimizer, "_hook_optimizer")
-    _patch_init(nn.DistributedGradReducer, "_hook_reducer", remember_params=True)
-    for owner in {id(m): m for m in (ms, ops, grad_func)}.values():
-        for name, with_loss in (("value_and_grad", True), ("grad", False)):
-            orig = getattr(owner, name, None)
-            if orig is not None and not getattr(orig, "_rankscope", False):
-                _patches.append((owner, name, orig))
-                setattr(owner, name, _wrap_value_and_grad(orig, with_loss))
-
-
-def _restore_patches() -> None:
-    for owner, attr, orig in reversed(_patches):
-        setattr(owner, attr, orig)
-    _patches.clear()
-
-
-def _patch_init(cls: type, hook_method: str, remember_params: bool = False) -> None:
-    orig = cls.__init__
-
-    def __init__(obj, *args, **kwargs):  # noqa: N807, ANN001
-        orig(obj, *args, **kwargs)
-        s = _current()
-        try:
-            if remember_params:
-                params = args[0] if args else kwargs.get("parameters")
-                _reducer_names[obj] = [getattr(p, "name", str(i)) for i, p in enumerate(params)]
-            if s is not None and s.enabled:
-                getattr(s, hook_method)(obj)
-        except Exception as exc:  # noqa: BLE001
-            if s is not None:
-                s.rec.error(f"sentinel {cls.__name__} init", exc)
-
-    __init__.__wrapped__ = orig  # type: ignore[attr-defined]
-    _patches.append((cls, "__init__", orig))
-    cls.__init__ = __init__
-
-
-def _wrap_value_and_grad(orig: Callable, with_loss: bool = True) -> Callable:
-    """Wrap ``value_and_grad`` (loss sentinel + model discovery) or ``grad`` (discovery)."""
-    def value_and_grad(fn, grad_position=0, weights=None, has_aux=False, return_ids=False,
-                       sens_param=False):  # noqa: ANN001
-        inner = orig(fn, grad_position, weights, has_aux, return_ids, sens_param)
-        s = _current()
-        if s is not None:
-            s.grad_fns_seen += 1
-            if s.on_grad_fn is not None:
-                try:
-                    s.on_grad_fn(fn, weights)
-                except Exception as exc:  # noqa: BLE001
-                    s.rec.error("finding the model", exc)
-
-        if not with_loss:
-            return inner
-
-        def grad_fn(*args, **kwargs):  # noqa: ANN002
-            out = inner(*args, **kwargs)
-            cur = _current()
-            if cur is not None and cur.enabled:
-                try:
-                    value = out[0]
-                    if isinstance(value, (tuple, list)):  # has_aux / multiple outputs
-                        value = value[0]
-                    cur.record_loss(value)
-                except Exception as exc:  # noqa: BLE001
-                    cur.rec.error("loss sentinel", exc)
-            return out
-        def graph_form(*args, **kwargs):  # noqa: ANN002 - what a compile of grad_fn sees
-            return inner(*args, **kwargs)
-
-        grad_fn.__wrapped__ = inner  # type: ignore[attr-defined]
-        compile_guard.passthrough(grad_fn, graph_form)
-        return grad_fn
-
-    def graph_form(fn, grad_position=0, weights=None, has_aux=False, return_ids=False,
-                   sens_param=False):  # noqa: ANN001 - what a compile of value_and_grad sees
-        if with_loss:
-            return orig(fn, grad_position, weights, has_aux, return_ids, sens_param)
-        return orig(fn, grad_position, weights, has_aux, return_ids, sens_param)
-
-    compile_guard.passthrough(value_and_grad, graph_form)
-    value_and_grad._rankscope = True  # type: ignore[attr-defined]
-    value_and_grad.__wrapped__ = orig  # type: ignore[attr-defined]
-    value_and_grad.__doc__ = orig.__doc__
-    return value_and_grad

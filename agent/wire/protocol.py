@@ -25,7 +25,7 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from rankscope.wire import layout_facts
+from rankscope.wire import layout_facts, rerun_facts
 from rankscope.wire.columns import MAX_KIND, STEP_COLS, STEP_TAIL, check_names, pack_steps, unpack_steps
 from rankscope.wire.errors import ProtocolError
 from rankscope.wire.records import StepBatch
@@ -258,6 +258,8 @@ class Decoder:
             _check_dump(body.get("detail"))
         elif mtype == STATUS and body["what"] == layout_facts.WHAT:
             layout_facts.check_detail(body.get("detail"))
+        elif mtype == STATUS and body["what"] == rerun_facts.WHAT:
+            rerun_facts.check_detail(body.get("detail"))
         elif mtype in (HEARTBEAT, RANK_LOST) and body.get("sync") is not None \
                 and SyncPoint.from_wire(body["sync"]) is None:
             raise ProtocolError("bad_field", f"{mtype}.sync is not a sync point")

@@ -81,6 +81,9 @@ class ProgressPrinter:
                 hint = (inc.get("evidence") or {}).get("hint")
                 if hint:
                     self.say(f"  hint: {hint}")
+                rerun = (inc.get("evidence") or {}).get("rerun")
+                if isinstance(rerun, dict):
+                    self.say(f"  re-run: {rerun.get('line')}")
 
 
 def shown(value: Any) -> str:
@@ -170,6 +173,8 @@ def format_verdict(incident: dict[str, Any]) -> str:
         lines.append(f"  rule     : {rule}")
     if ev.get("hint"):
         lines.append(f"  hint     : {ev['hint']}")
+    if isinstance(ev.get("rerun"), dict):
+        lines.append(f"  re-run   : {ev['rerun'].get('line')}")
     lines += [f"  also     : {_later(v)}" for v in _other_findings(incident)]
     if incident.get("dir"):
         lines.append(f"  incident : {incident['dir']}")

@@ -291,9 +291,11 @@ class Launch:
         self.say(self.watched_line(status))
         self._say_watch(status)
         from rankscope.coordinator.logic.coverage import dump_text
-        kept = dump_text(((status or {}).get("coverage") or {}).get(self.job) or {})
-        if kept:
-            self.say(kept)
+        from rankscope.coordinator.logic.reruns import strikes_text
+        report = ((status or {}).get("coverage") or {}).get(self.job) or {}
+        for line in (dump_text(report), strikes_text(report.get("reruns") or {})):
+            if line:
+                self.say(line)
         for inc in incidents:
             print(format_verdict(inc), flush=True)
 

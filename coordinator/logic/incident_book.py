@@ -23,7 +23,9 @@ from rankscope.coordinator.logic.incident import (
     IncidentState,
 )
 from rankscope.coordinator.logic.incident_store import IncidentStore, incident_document, write_incident
+from rankscope.coordinator.logic.reruns import RerunBook
 from rankscope.coordinator.logic.verdict import Verdict
+from rankscope.wire import rerun_facts
 from rankscope.wire.layout import incident_dir
 
 log = logging.getLogger(__name__)
@@ -60,6 +62,7 @@ class IncidentBook:
         self.deferred: dict[str, Verdict] = {}
         #: Verdicts per job that came after MAX_INCIDENTS_PER_JOB and opened nothing.
         self.capped: dict[str, int] = {}
+        self.reruns = RerunBook()
         for inc in self.store.load_all():  # a restarted coordinator keeps its incidents
             self.by_id[inc.incident_id] = inc
             if inc.state is IncidentState.TERMINATED:
@@ -101,6 +104,7 @@ class IncidentBook:
             # Nobody to stop: a pause or a termination would hit the right rank's replicas
             # as surely as the wrong one. Export what there is and let the job run.
             policy = OnDivergence.CONTINUE
+        policy = self._with_rerun(v, policy)
         inc = self.by_id[iid] = Incident(iid, v.job, policy or self.settings.on_divergence, v, wall)
         self.fire(inc, IncidentEvent.START)
         if v.urgent:
@@ -113,6 +117,30 @@ class IncidentBook:
             # the pause is sent, but the export does not wait for it.
             self.fire(inc, IncidentEvent.PAUSE_TIMEOUT)
         return inc
+
+    def _with_rerun(self, v: Verdict, policy: OnDivergence | None) -> OnDivergence | None:
+        """The named rank's re-run of that step, if it made one, goes into the evidence;
+        a transient fault takes ``cluster.on_transient``'s policy."""
+        rr = self.reruns.lookup(v.job, v.rank, v.step) if v.decided and v.rank >= 0 else None
+        if rr is None:
+            return policy
+        v.evidence = {**v.evidence, "rerun": rr}
+        if rr["outcome"] != rerun_facts.TRANSIENT:
+            return policy
+        # skip: the step already went on with the re-run's result; nothing to stop for.
+        return {"pause": OnDivergence.PAUSE, "skip": OnDivergence.CONTINUE}.get(self.settings.on_transient, policy)
+
+    def on_rerun(self, job: str, detail: dict[str, Any]) -> None:
+        """A rank's re-run outcome; one that comes after its step's incident opened joins it."""
+        entry = self.reruns.add(job, detail)
+        for inc in self.by_id.values():
+            v = inc.verdict
+            if inc.job == job and v.decided and (v.rank, v.step) == (entry["rank"], entry["step"]) \
+                    and "rerun" not in v.evidence:
+                v.evidence = {**v.evidence, "rerun": entry}
+                self.store.save(inc)
+                if inc.final:
+                    self.rewrite(inc.incident_id)
 
     def fire(self, inc: Incident, event: IncidentEvent) -> list[Action]:
         before = inc.state

@@ -140,6 +140,9 @@ def _verdict_html(incident: dict) -> str:
     hint = (incident.get("evidence") or {}).get("hint")
     if hint:
         line += f'<br><span id="hint">{esc(hint)}</span>'
+    rerun = (incident.get("evidence") or {}).get("rerun")
+    if isinstance(rerun, dict) and rerun.get("line"):
+        line += f'<br><span id="rerun">Re-run: {esc(rerun["line"])}</span>'
     return (f'{line}<span hidden> rank <strong id="first-rank">{rank}</strong> step '
             f'<strong id="first-step">{step}</strong></span>')
 

@@ -20,7 +20,7 @@ from rankscope.coordinator.server.frontend import Frontend, Handlers, Peer
 from rankscope.coordinator.server.gc_pace import GcPacer
 from rankscope.coordinator.server.metrics import CoordinatorMetrics
 from rankscope.coordinator.server.service_status import StatusReports
-from rankscope.wire import job_config, layout_facts, protocol
+from rankscope.wire import job_config, layout_facts, protocol, rerun_facts
 from rankscope.wire.layout import rank_from_wire
 from rankscope.wire.position import position_from_wire
 from rankscope.wire.protocol import Message
@@ -161,6 +161,8 @@ class CoordinatorService(StatusReports, Handlers):
             self.ingest.on_watch(job, rank, detail)
         elif isinstance(rank, int) and what == "dump":
             self.core.on_dump(job, rank, detail)
+        elif what == rerun_facts.WHAT:
+            self.core.on_rerun(job, detail)
         elif what == layout_facts.WHAT:
             rank, facts = layout_facts.check_detail(detail)  # checked by the decoder already: it cannot raise
             self.ingest.on_layout(job, rank, facts)

@@ -76,6 +76,40 @@ def test_clean_run_exits_zero_with_no_incident(tmp_path):
             "at most 1024 MB, at most 20000 files; older steps removed by the rolling window)") in proc.stdout
 
 
+def _weights(log_dir: Path) -> dict[str, str]:
+    """Each rank's closing ``weights crc32`` from its msrun log."""
+    out = {}
+    for log in log_dir.glob("worker_*.log"):
+        for line in log.read_text(errors="replace").splitlines():
+            if " weights crc32 " in line:
+                out[line.split("/")[0]] = line.rsplit(" ", 1)[1]
+    return out
+
+
+def test_a_value_corrupted_once_is_transient_and_skip_trains_as_a_clean_run(tmp_path):
+    """Silent data corruption: rank 2 miscomputes one value of step 5's forward, once.
+    Its re-run does not reproduce it; with on_transient skip the step goes on with the
+    re-run's result, the job is not stopped (--on-divergence terminate notwithstanding),
+    and every rank's weights end bit for bit as in an unwatched run that never saw it."""
+    proc, out, incidents = run_launch(tmp_path, "sdc_once:2:5", config={"cluster": {"on_transient": "skip"}})
+    assert incidents, "no incident written\n" + _explain(proc, out)
+    inc = incidents[0]
+    assert (inc["detector"], inc["first_diverging_rank"], inc["step"]) == ("nan_origin", 2, 5), _explain(proc, out)
+    rerun = inc["evidence"]["rerun"]
+    assert (rerun["outcome"], rerun["used_rerun"], inc["policy"]) == ("transient", True, "continue"), rerun
+    assert "re-run   : transient on rank 2: rank 2 saw a loss that is not finite at step 5" in proc.stdout
+    assert "re-runs of anomalous steps: rank 2: 1 transient (step 5)" in proc.stdout
+    watched = _weights(out / "msrun_logs")
+    env = {k: v for k, v in os.environ.items() if k != "TRAIN_FAULT"}
+    env.update(TRAIN_STEPS="8", PATH=f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}")
+    plain = subprocess.run(msrun_command(RANKS, tmp_path / "plain"), env=env, capture_output=True, text=True,
+                           timeout=300)
+    assert plain.returncode == 0, plain.stdout[-2000:]
+    clean = _weights(tmp_path / "plain")
+    assert len(clean) == RANKS and len(set(clean.values())) == 1, clean
+    assert watched == clean, (watched, clean)
+
+
 @pytest.mark.parametrize("fault, detector, rank, step", [
     # ReLU hides this NaN from the loss; AllReduce then spreads it to every rank's
     # reduced gradient. The origin, not a receiver, must be named.
@@ -100,6 +134,11 @@ def test_injected_fault_is_named(tmp_path, fault, detector, rank, step):
         assert any((inc["_dir"] / f"rank_{r}" / "rdr").iterdir()), f"rank {r} has no bundle"
     assert proc.returncode == INCIDENT_EXIT, _explain(proc, out)
     assert f"rank {rank} diverged first" in proc.stdout
+    if fault.startswith("nan_batch"):
+        # The rank saw its gradients go non-finite before the reduction and re-ran the
+        # step: the NaN is in its batch, so it came back.
+        assert inc["evidence"]["rerun"]["outcome"] == "reproduced", inc["evidence"]
+        assert f"re-run   : deterministic: rank {rank} saw gradients that are not finite" in proc.stdout
     # The report of this real run, as a browser lays it out: the verdict outlined on the
     # heatmap and marked on the curves at the named step; the NaN marked.
     if CHROMIUM is None:

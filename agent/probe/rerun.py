@@ -1,0 +1,229 @@
+"""Re-run an anomalous step in the rank, before its gradients are reduced.
+
+A ``value_and_grad`` function is where a PyNative step's forward and backward happen,
+and what it returns is what the gradient reduction and the optimizer take next. So the
+wrapper around it (:mod:`rankscope.probe.sentinel_patches`) hands each call here: the
+call runs as it would unwatched, then :class:`AnomalyGate` looks at the loss and the
+squared norm of the gradients it returned. Only when they are anomalous is the call made
+once more, with the same inputs, the parameters the optimizer has not touched yet, and
+the RNG state put back; recording is muted while it runs, and buffers the forward
+updates in place (BatchNorm's moving statistics) are put back after it, so the re-run
+leaves nothing behind. Healthy steps pay for reading one scalar and one sum per gradient.
+
+A step is not re-run where that would change what the job does: when the function ran a
+collective (its peers would not join a second call: a tensor- or pipeline-parallel
+forward), or when the job runs collectives in groups of its own that compiled code may
+call; the rank says so (outcome ``not_possible``). Nor, quietly, after the first step of
+a streak of anomalous steps, past :data:`MAX_RERUNS`, or when a weight the step started
+from is already NaN or Inf: an earlier reduction spread a fault to every rank, and
+re-running each of them tells nothing.
+"""
+from __future__ import annotations
+
+import sys
+from typing import Any, Callable
+
+import numpy as np
+
+from rankscope.probe import layout_probe
+from rankscope.probe.rerun_gate import AnomalyGate
+from rankscope.probe.stats import is_tensor, to_numpy
+from rankscope.wire import rerun_facts as facts
+
+#: Re-runs (and "not possible" reports) one process makes at most: a job whose every
+#: step is anomalous would otherwise pay a second step each time.
+MAX_RERUNS = 16
+
+
+class Rerunner:
+    def __init__(self, rec: Any, send: Callable[[dict], None] | None = None, policy: str = "continue",
+                 enabled: bool = True, rank: Callable[[], int] = lambda: 0) -> None:
+        self.rec, self.send, self.policy, self.enabled, self.rank = rec, send, policy, enabled, rank
+        self.sync: Any = None  # the debugger's SyncTracker: a collective bumps its counter
+        self.gate = AnomalyGate()
+        self.reruns = 0
+        self.outcomes: list[dict] = []  # what was said, newest last (bounded by MAX_RERUNS)
+        self._streak = False
+
+    def before(self) -> tuple[Any, int] | None:
+        """What the step's call must be re-run from: taken before it runs (a few µs)."""
+        if not self.enabled:
+            return None
+        return _rng_state(), getattr(self.sync, "changes", 0)
+
+    def after(self, inner: Callable, args: tuple, kwargs: dict, site: tuple[Any, Any, list[str]], out: Any,
+              token: tuple[Any, int] | None) -> Any:
+        """What the step goes on with: ``out`` (the call as made), or, when it was
+        anomalous, did not reproduce and ``cluster.on_transient`` is ``skip``, the re-run's.
+        ``site``: the function differentiated, its weights, their names."""
+        if token is None:
+            return out
+        try:
+            loss, gnorm = _measure(out)
+            trigger = self.gate.judge(loss, gnorm)
+            if not trigger:
+                self._streak = False
+                self.gate.learn(loss, gnorm)
+                return out
+            return self._anomalous(inner, args, kwargs, site, out, token[0], token[1], trigger)
+        except Exception as exc:  # noqa: BLE001 - the step's own result stands
+            self.rec.error("re-run on anomaly", exc)
+            return out
+
+    def _anomalous(self, inner: Callable, args: tuple, kwargs: dict, site: tuple[Any, Any, list[str]], out: Any,
+                   rng: Any, changes: int, trigger: str) -> Any:
+        fn, weights, names = site
+        streak, self._streak = self._streak, True
+        if streak or self.reruns >= MAX_RERUNS:
+            return out  # said for the first step of the streak; the cap was said when reached
+        if _poisoned(weights):
+            return out  # the step started from weights a reduction already spoilt: not this rank's
+        self.reruns += 1
+        detail = {"rank": int(self.rank()), "step": int(self.rec.step), "trigger": trigger}
+        why = self._why_not(changes, rng)
+        if why:
+            self._tell({**detail, "outcome": facts.NOT_POSSIBLE, "why": why})
+            return out
+        again = self._again(inner, args, kwargs, rng, _model_of(fn, weights))
+        if isinstance(again, str):
+            self._tell({**detail, "outcome": facts.NOT_POSSIBLE, "why": again})
+            return out
+        differs = _first_difference(out, again, names)
+        loss2, gnorm2 = _measure(again)
+        reproduced = not differs or bool(self.gate.judge(loss2, gnorm2))
+        use = not reproduced and self.policy == "skip"
+        self._tell({**detail, "outcome": facts.REPRODUCED if reproduced else facts.TRANSIENT,
+                    "bitwise": not differs, "differs_at": differs, "used_rerun": use})
+        return again if use else out
+
+    def _why_not(self, changes: int, rng: Any) -> str:
+        if getattr(self.sync, "changes", 0) != changes:
+            return ("the step's gradient function ran a collective, and its peers would not join a second "
+                    "call")
+        if layout_probe.collectives_in_own_groups():
+            return "the job runs collectives in groups of its own, which a second call on one rank would wait on"
+        if rng is None:
+            return "MindSpore's RNG state could not be read, so the re-run would not draw the same numbers"
+        return ""
+
+    def _again(self, inner: Callable, args: tuple, kwargs: dict, rng: Any, model: Any) -> Any:
+        """The call once more, muted, with the RNG and the forward's buffers put back; a
+        string says why it could not be made."""
+        import mindspore as ms
+        after = _rng_state()
+        buffers = _buffers([model] if model is not None else [])
+        dumping, self.rec.dumping = self.rec.dumping, False
+        try:
+            ms.set_rng_state(rng)
+            return inner(*args, **kwargs)
+        except Exception as exc:  # noqa: BLE001
+            return f"the re-run raised {type(exc).__name__}: {str(exc)[:120]}"
+        finally:
+            self.rec.dumping = dumping
+            if after is not None:
+                ms.set_rng_state(after)
+            for p, saved in buffers:
+                p.set_data(saved)
+
+    def _tell(self, detail: dict) -> None:
+        facts.check_detail(detail)
+        self.outcomes.append(detail)
+        line = facts.classification(detail)
+        if self.reruns >= MAX_RERUNS:
+            line += f" (the last: {MAX_RERUNS} re-runs is this rank's limit)"
+        print(f"[rankscope] {line}", file=sys.stderr, flush=True)
+        if self.send is not None:
+            self.send(detail)
+
+
+def attach(dbg: Any) -> Rerunner:
+    """The debugger's re-runner, fed by its value_and_grad functions, telling its node agent."""
+    c = dbg.config.cluster
+
+    def send(detail: dict) -> None:
+        client = dbg.client
+        if client is not None:
+            try:
+                client.state.outbox.put_nowait(("status", {"what": facts.WHAT, "detail": detail}))
+            except Exception:  # noqa: BLE001 - a full outbox: the log line stands
+                pass
+
+    r = Rerunner(dbg.recorder, send=send, policy=c.on_transient, enabled=c.rerun and c.sentinels,
+                 rank=lambda: dbg.rank if dbg.rank is not None else 0)
+    r.sync = dbg.sync
+    dbg.sentinels.rerun = r
+    return r
+
+
+def _rng_state() -> Any:
+    try:
+        import mindspore as ms
+        return ms.get_rng_state()
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def _poisoned(weights: Any) -> bool:
+    """Whether a weight the step started from is already NaN or Inf (an earlier step's
+    reduction spread a fault to every rank: re-running this one tells nothing)."""
+    for p in (weights or ()) if not is_tensor(weights) else (weights,):
+        arr, _ = to_numpy(p)
+        if arr.dtype.kind == "f" and not np.isfinite(arr).all():
+            return True
+    return False
+
+
+def _model_of(fn: Any, weights: Any) -> Any:
+    """The Cell a gradient function runs (whose buffers the re-run must put back)."""
+    from rankscope.probe.autoattach import find_model
+    return find_model(fn, weights)
+
+
+def _buffers(models: list) -> list[tuple[Any, Any]]:
+    """(parameter, copy) of every parameter no gradient trains: what a forward may update."""
+    out, seen = [], set()
+    for root in models:
+        for p in root.get_parameters():
+            if not p.requires_grad and id(p) not in seen:
+                seen.add(id(p))
+                out.append((p, p.value().copy()))
+    return out
+
+
+def _leaves(out: Any, names: list[str]) -> list[tuple[str, Any]]:
+    """(label, tensor) of a value_and_grad result: the loss (and any other outputs), then
+    each gradient under its parameter's name."""
+    value, grads = (out[0], out[1]) if isinstance(out, tuple) and len(out) == 2 else (out, ())
+    values = list(value) if isinstance(value, (tuple, list)) else [value]
+    grads = list(grads) if isinstance(grads, (tuple, list)) else [grads]
+    got = [("loss" if i == 0 else f"output {i}", v) for i, v in enumerate(values) if is_tensor(v)]
+    got += [(f"grad {names[i] if i < len(names) else i}", g) for i, g in enumerate(grads) if is_tensor(g)]
+    return got
+
+
+def _measure(out: Any) -> tuple[float | None, float | None]:
+    """(loss, norm of the gradients) of one call's result."""
+    leaves = _leaves(out, [])
+    loss = None
+    if leaves and leaves[0][0] == "loss":
+        arr, _ = to_numpy(leaves[0][1])
+        loss = float(arr.reshape(-1)[0]) if arr.size == 1 else None
+    sq, any_grad = 0.0, False
+    for label, g in leaves:
+        if label.startswith("grad "):
+            arr, _ = to_numpy(g)
+            if arr.dtype.kind == "f" and arr.size:
+                flat = arr.reshape(-1) if arr.dtype.itemsize >= 4 else arr.reshape(-1).astype(np.float32)
+                sq += float(np.dot(flat, flat))
+                any_grad = True
+    return loss, (float(np.sqrt(sq)) if any_grad else None)
+
+
+def _first_difference(a: Any, b: Any, names: list[str]) -> str:
+    """The first output whose bits differ between two calls' results, or ""."""
+    for (label, x), (_, y) in zip(_leaves(a, names), _leaves(b, names)):
+        ax, _ = to_numpy(x)
+        ay, _ = to_numpy(y)
+        if ax.shape != ay.shape or ax.dtype != ay.dtype or ax.tobytes() != ay.tobytes():
+            return label
+    return ""

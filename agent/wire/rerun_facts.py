@@ -1,0 +1,80 @@
+"""What a rank tells the coordinator after it re-ran an anomalous step (STATUS ``rerun``).
+
+A rank whose own records for a step look wrong before its gradients are reduced runs the
+step's forward and backward once more, with the same inputs, parameters and RNG state,
+and says what came out (:mod:`rankscope.probe.rerun`). The detail is::
+
+    {"rank": 2, "step": 5, "outcome": "transient", "trigger": "loss is not finite",
+     "bitwise": false, "differs_at": "loss", "used_rerun": true, "why": ""}
+
+- ``outcome``: :data:`REPRODUCED` (the re-run is anomalous too: the inputs lead there),
+  :data:`TRANSIENT` (the re-run is healthy: the first execution was corrupted once) or
+  :data:`NOT_POSSIBLE` (``why`` says what stopped it).
+- ``bitwise``: the re-run's outputs equal the first execution's bit for bit.
+- ``differs_at``: the first output that differs ("loss", "grad <parameter>"), or "".
+- ``used_rerun``: the step went on with the re-run's result (``cluster.on_transient``
+  ``skip``), so its gradient reduction never took the corrupted one.
+
+The classification a verdict carries is :func:`classification` of this detail: one
+spelling for the terminal, incident.json and the report.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from rankscope.wire.errors import ProtocolError
+
+WHAT = "rerun"
+REPRODUCED = "reproduced"
+TRANSIENT = "transient"
+NOT_POSSIBLE = "not_possible"
+OUTCOMES = (REPRODUCED, TRANSIENT, NOT_POSSIBLE)
+#: What a rank does with a transient anomaly (``cluster.on_transient``): hand on what the
+#: step produced (training exactly as unwatched), hand on the re-run's result, or pause.
+ON_TRANSIENT = ("continue", "skip", "pause")
+MAX_TEXT = 300
+
+_FIELDS: dict[str, type | tuple[type, ...]] = {
+    "rank": int, "step": int, "outcome": str, "trigger": str, "bitwise": bool, "differs_at": str,
+    "used_rerun": bool, "why": str}
+_REQUIRED = ("rank", "step", "outcome", "trigger")
+
+
+def check_detail(detail: Any) -> dict[str, Any]:
+    """The detail as sent, checked field by field (every error names the field)."""
+    if not isinstance(detail, dict):
+        raise ProtocolError("bad_field", "status.rerun needs a detail map")
+    for key in detail:
+        if key not in _FIELDS:
+            raise ProtocolError("bad_field", f"status.rerun.{key!s:.40} is not a known field")
+    for key in _REQUIRED:
+        if key not in detail:
+            raise ProtocolError("missing_field", f"status.rerun.{key}")
+    for key, val in detail.items():
+        want = _FIELDS[key]
+        if isinstance(val, bool) != (want is bool) or not isinstance(val, want):
+            raise ProtocolError("bad_field", f"status.rerun.{key} is {type(val).__name__}")
+        if isinstance(val, str) and len(val) > MAX_TEXT:
+            raise ProtocolError("bad_field", f"status.rerun.{key} is longer than {MAX_TEXT}")
+        if key in ("rank", "step") and val < 0:
+            raise ProtocolError("bad_field", f"status.rerun.{key} is negative")
+    if detail["outcome"] not in OUTCOMES:
+        raise ProtocolError("bad_field", f"status.rerun.outcome {detail['outcome']!r:.40}")
+    return detail
+
+
+def classification(detail: dict[str, Any]) -> str:
+    """The one line a verdict adds: what the re-run says about the fault."""
+    rank, step, outcome = detail["rank"], detail["step"], detail["outcome"]
+    seen = f"rank {rank} saw {detail['trigger']} at step {step}"
+    if outcome == REPRODUCED:
+        how = "bit for bit" if detail.get("bitwise") else "not bit for bit, but as anomalous"
+        return (f"deterministic: {seen} and reproduces it on a re-run with the same inputs ({how}); "
+                "the inputs lead there: look at the data or the code")
+    if outcome == TRANSIENT:
+        went = ("; the step went on with the re-run's result, so the gradient reduction never took the "
+                "corrupted one" if detail.get("used_rerun") else "")
+        where = f" (first difference: {detail['differs_at']})" if detail.get("differs_at") else ""
+        return (f"transient on rank {rank}: {seen}, and a re-run with the same inputs did not reproduce it"
+                f"{where}: suspect the hardware (silent data corruption){went}")
+    return f"not re-run: {seen}, but {detail.get('why') or 'the step could not be re-run'}"
