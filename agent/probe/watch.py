@@ -12,11 +12,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-from rankscope.wire.watch_line import UNWATCHED, launch_prints_it, watch_line
-
-PYNATIVE = "PyNative"
-GRAPH = "GRAPH"
-JIT = "PyNative+jit"
+from rankscope.wire.watch_line import GRAPH, JIT, PYNATIVE, UNWATCHED, launch_prints_it, watch_line
 
 
 @dataclass

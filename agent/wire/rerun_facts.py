@@ -23,6 +23,7 @@ from __future__ import annotations
 from typing import Any
 
 from rankscope.wire.errors import ProtocolError
+from rankscope.wire.watch_line import GRAPH, JIT
 
 WHAT = "rerun"
 REPRODUCED = "reproduced"
@@ -78,3 +79,16 @@ def classification(detail: dict[str, Any]) -> str:
         return (f"transient on rank {rank}: {seen}, and a re-run with the same inputs did not reproduce it"
                 f"{where}: suspect the hardware (silent data corruption){went}")
     return f"not re-run: {seen}, but {detail.get('why') or 'the step could not be re-run'}"
+
+
+def compiled(rank: int, step: int, mode: str) -> dict[str, Any] | None:
+    """What a verdict says of the re-run of a rank whose steps run compiled (``mode`` as
+    its watch status says): a graph holds the backward and the optimizer together, so
+    nothing can be re-run before the update. None for a rank that runs eagerly."""
+    if mode not in (GRAPH, JIT):
+        return None
+    detail = {"rank": rank, "step": step, "outcome": NOT_POSSIBLE, "trigger": "the fault",
+              "why": (f"its steps run compiled ({mode}), with the backward and the optimizer in one graph: "
+                      "nothing can be re-run before the update")}
+    return {**detail, "line": f"not re-run: rank {rank}'s steps run compiled ({mode}), with the backward and "
+                              "the optimizer in one graph: nothing can be re-run before the update"}

@@ -7,6 +7,10 @@ from typing import Any
 
 #: ``how`` when nothing is seen: the line then reads "not watched: <reason>".
 UNWATCHED = "not watched"
+#: The modes a rank's steps run in (``mode``).
+PYNATIVE = "PyNative"
+GRAPH = "GRAPH"
+JIT = "PyNative+jit"
 
 
 def watch_line(rank: Any, mode: str, how: str, reason: str = "", who: str | None = None) -> str:

@@ -36,6 +36,8 @@ MAX_RELATED = 100
 #: them. Later verdicts are still kept (status, coverage) and counted, not exported.
 MAX_INCIDENTS_PER_JOB = 100
 MAX_QUEUED_ACTIONS = 1000
+#: Findings about a value a rank computed: the ones a re-run of its step could explain.
+_VALUE_FINDINGS = frozenset({"nan_origin", "outlier", "watchpoint"})
 _OPERATOR = {"pause": ActionKind.PAUSE, "resume": ActionKind.RESUME, "terminate": ActionKind.TERMINATE,
              "step": ActionKind.STEP}
 
@@ -122,6 +124,9 @@ class IncidentBook:
         """The named rank's re-run of that step, if it made one, goes into the evidence;
         a transient fault takes ``cluster.on_transient``'s policy."""
         rr = self.reruns.lookup(v.job, v.rank, v.step) if v.decided and v.rank >= 0 else None
+        if rr is None and v.decided and v.detector in _VALUE_FINDINGS:
+            rec = self.aligner.ranks.get((v.job, v.rank))
+            rr = rerun_facts.compiled(v.rank, v.step, str((rec.watch or {}).get("mode"))) if rec else None
         if rr is None:
             return policy
         v.evidence = {**v.evidence, "rerun": rr}

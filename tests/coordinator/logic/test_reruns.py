@@ -70,3 +70,18 @@ def test_strikes_are_counted_per_rank_in_status_and_coverage_and_stay_bounded():
     assert text.startswith("re-runs of anomalous steps: rank 3: 1000 transient (steps 980, ")
     assert text.endswith("rank 0: 1 reproduced, 1 not re-run")
     assert strikes_text(RerunBook().strikes("j")) == ""
+
+
+def test_a_rank_whose_steps_run_compiled_is_said_not_re_run():
+    core = _core()
+    core.on_watch("j", 2, {"mode": "GRAPH", "how": "the kernel dump", "reason": ""})
+    core.on_watch("j", 1, {"mode": "PyNative", "how": "hooks", "reason": ""})
+    inc = core.book.open_or_attach(Verdict("nan_origin", 2, 5, "t", 3, "forward", "j/0", job="j"))
+    rerun = inc.verdict.evidence["rerun"]
+    assert rerun["outcome"] == "not_possible" and inc.policy.value == "pause"
+    assert rerun["line"].startswith("not re-run: rank 2's steps run compiled (GRAPH)")
+    eager = _core()
+    eager.on_watch("j", 1, {"mode": "PyNative", "how": "hooks", "reason": ""})
+    # An eager rank that re-ran nothing saw nothing wrong before its reduction: no line.
+    inc = eager.book.open_or_attach(Verdict("outlier", 1, 5, "t", 3, "forward", "j/0", job="j"))
+    assert "rerun" not in inc.verdict.evidence
