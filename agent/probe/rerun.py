@@ -25,7 +25,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from rankscope.probe import layout_probe
+from rankscope.probe import layout_probe, replay
 from rankscope.probe.rerun_gate import AnomalyGate
 from rankscope.probe.stats import is_tensor, to_numpy
 from rankscope.wire import rerun_facts as facts
@@ -41,6 +41,8 @@ class Rerunner:
         self.rec, self.send, self.policy, self.enabled, self.rank = rec, send, policy, enabled, rank
         self.sync: Any = None  # the debugger's SyncTracker: a collective bumps its counter
         self.gate = AnomalyGate()
+        self.dump_path: str | None = None  # where a re-run step's replay record goes
+        self.replayer: Any = None  # in a process rankscope rerun started: replay.Replayer
         self.reruns = 0
         self.outcomes: list[dict] = []  # what was said, newest last (bounded by MAX_RERUNS)
         self._streak = False
@@ -58,6 +60,8 @@ class Rerunner:
         ``site``: the function differentiated, its weights, their names."""
         if token is None:
             return out
+        if self.replayer is not None and self.replayer.matches(site[2]):
+            self.replayer.run(inner, site[1])  # ends the process
         try:
             loss, gnorm = _measure(out)
             trigger = self.gate.judge(loss, gnorm)
@@ -92,9 +96,22 @@ class Rerunner:
         loss2, gnorm2 = _measure(again)
         reproduced = not differs or bool(self.gate.judge(loss2, gnorm2))
         use = not reproduced and self.policy == "skip"
-        self._tell({**detail, "outcome": facts.REPRODUCED if reproduced else facts.TRANSIENT,
-                    "bitwise": not differs, "differs_at": differs, "used_rerun": use})
+        detail = {**detail, "outcome": facts.REPRODUCED if reproduced else facts.TRANSIENT,
+                  "bitwise": not differs, "differs_at": differs, "used_rerun": use}
+        self._tell({**detail, "replay": self._keep(detail, args, kwargs, weights, names, out, rng)})
         return again if use else out
+
+    def _keep(self, detail: dict, args: tuple, kwargs: dict, weights: Any, names: list[str], out: Any,
+              rng: Any) -> str:
+        """The step's replay record (replay.keep), or "" when none could be written."""
+        if not self.dump_path:
+            return ""
+        try:
+            return replay.keep(self.dump_path, detail, args, kwargs, weights, names, replay.first_outputs(out),
+                               rng, self.gate)
+        except Exception as exc:  # noqa: BLE001 - the verdict stands without it
+            self.rec.error("keeping the step for a replay", exc)
+            return ""
 
     def _why_not(self, changes: int, rng: Any) -> str:
         if getattr(self.sync, "changes", 0) != changes:
@@ -151,6 +168,10 @@ def attach(dbg: Any) -> Rerunner:
     r = Rerunner(dbg.recorder, send=send, policy=c.on_transient, enabled=c.rerun and c.sentinels,
                  rank=lambda: dbg.rank if dbg.rank is not None else 0)
     r.sync = dbg.sync
+    r.dump_path = dbg.config.dump_path
+    r.replayer = replay.from_env()
+    if r.replayer is not None:
+        r.enabled = True  # a replay process replays whatever its config says of re-runs
     dbg.sentinels.rerun = r
     return r
 

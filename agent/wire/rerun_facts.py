@@ -14,6 +14,8 @@ and says what came out (:mod:`rankscope.probe.rerun`). The detail is::
 - ``differs_at``: the first output that differs ("loss", "grad <parameter>"), or "".
 - ``used_rerun``: the step went on with the re-run's result (``cluster.on_transient``
   ``skip``), so its gradient reduction never took the corrupted one.
+- ``replay``: the folder of the step's replay record on the rank's node
+  (rankscope.wire.replay_files), "" when none was kept; ``rankscope rerun`` replays it.
 
 The classification a verdict carries is :func:`classification` of this detail: one
 spelling for the terminal, incident.json and the report.
@@ -37,7 +39,7 @@ MAX_TEXT = 300
 
 _FIELDS: dict[str, type | tuple[type, ...]] = {
     "rank": int, "step": int, "outcome": str, "trigger": str, "bitwise": bool, "differs_at": str,
-    "used_rerun": bool, "why": str}
+    "used_rerun": bool, "why": str, "replay": str}
 _REQUIRED = ("rank", "step", "outcome", "trigger")
 
 
@@ -70,8 +72,8 @@ def classification(detail: dict[str, Any]) -> str:
     seen = f"rank {rank} saw {detail['trigger']} at step {step}"
     if outcome == REPRODUCED:
         how = "bit for bit" if detail.get("bitwise") else "not bit for bit, but as anomalous"
-        return (f"deterministic: {seen} and reproduces it on a re-run with the same inputs ({how}); "
-                "the inputs lead there: look at the data or the code")
+        return (f"reproduces: {seen}, and a re-run with the same inputs gives it again ({how}): the data or "
+                "the code, unless the device is wrong every time (a replay in another process tells which)")
     if outcome == TRANSIENT:
         went = ("; the step went on with the re-run's result, so the gradient reduction never took the "
                 "corrupted one" if detail.get("used_rerun") else "")
@@ -92,3 +94,31 @@ def compiled(rank: int, step: int, mode: str) -> dict[str, Any] | None:
                       "nothing can be re-run before the update")}
     return {**detail, "line": f"not re-run: rank {rank}'s steps run compiled ({mode}), with the backward and "
                               "the optimizer in one graph: nothing can be re-run before the update"}
+
+
+def with_reference(detail: dict[str, Any], result: dict[str, Any]) -> tuple[str, str]:
+    """(class, line) once the step was also replayed in another process (``rankscope
+    rerun``): ``deterministic``, ``transient``, ``rank_only`` or ``unknown``."""
+    rank, step = detail["rank"], detail["step"]
+    if result.get("error") or not isinstance(result.get("float32"), dict):
+        return "unknown", f"not replayed: {result.get('error') or 'the replay made no call'}"
+    ref = result["float32"]
+    again = bool(ref.get("anomalous"))
+    how = " (bit for bit)" if ref.get("bitwise") else ""
+    f64 = result.get("float64")
+    wide = ""
+    if isinstance(f64, dict):
+        wide = ("; a float64 replay agrees" if bool(f64.get("anomalous")) == again
+                else "; in float64 it does not come back: float32 precision is part of it" if again
+                else "; in float64 it comes back")
+    if detail["outcome"] == TRANSIENT:
+        if again:
+            return "unknown", (f"unclear: rank {rank}'s own re-run of step {step} did not reproduce it, but a replay "
+                               f"here does{how}{wide}")
+        return "transient", (f"transient on rank {rank}: step {step} reproduces neither on its own re-run nor on a "
+                             f"replay here: suspect the hardware (silent data corruption){wide}")
+    if again:
+        return "deterministic", (f"deterministic: step {step} reproduces on rank {rank}'s re-run and on a replay "
+                                 f"here{how}{wide}: the inputs lead there: look at the data or the code")
+    return "rank_only", (f"rank {rank} only: step {step} reproduces on rank {rank}, not on a replay here with the "
+                         f"same inputs and parameters: suspect the device{wide}")

@@ -41,6 +41,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--allow-unwatched", action="store_true",
                    help="exit with the command's status even if some or all ranks could not be attached "
                         f"(default: such a run exits {UNWATCHED_EXIT} after a successful command)")
+    p.add_argument("--no-replay", action="store_true",
+                   help="do not replay a step a rank re-ran and reproduced in another process at the end "
+                        "(rankscope rerun does it later)")
     p.add_argument("--quiet", action="store_true", help="no progress lines, only the verdict and warnings")
     p.add_argument("--verbose", action="store_true", help="also show Ray's own log lines")
     p.add_argument("--grace", type=float, default=10.0, metavar="SECONDS",

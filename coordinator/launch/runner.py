@@ -298,6 +298,11 @@ class Launch:
                 self.say(line)
         for inc in incidents:
             print(format_verdict(inc), flush=True)
+        if not getattr(self.args, "no_replay", False):
+            from rankscope.coordinator.cli.rerun import replay_after_run
+            line = replay_after_run(incidents, self.say)
+            if line:
+                print(f"  replayed : {line}", flush=True)
 
     def watched_line(self, status: dict | None) -> str:
         """What the verdict (or its absence) covers, from the coordinator's coverage."""

@@ -99,6 +99,10 @@ def test_a_value_corrupted_once_is_transient_and_skip_trains_as_a_clean_run(tmp_
     assert (rerun["outcome"], rerun["used_rerun"], inc["policy"]) == ("transient", True, "continue"), rerun
     assert "re-run   : transient on rank 2: rank 2 saw a loss that is not finite at step 5" in proc.stdout
     assert "re-runs of anomalous steps: rank 2: 1 transient (step 5)" in proc.stdout
+    assert "replayed :" not in proc.stdout  # a one-off is settled by the rank's own re-run
+    offline = _rerun(inc["_dir"])
+    assert offline.returncode == 0 and offline.stdout.startswith("transient on rank 2: step 5 reproduces neither"), \
+        offline.stdout + offline.stderr
     watched = _weights(out / "msrun_logs")
     env = {k: v for k, v in os.environ.items() if k != "TRAIN_FAULT"}
     env.update(TRAIN_STEPS="8", PATH=f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}")
@@ -108,6 +112,32 @@ def test_a_value_corrupted_once_is_transient_and_skip_trains_as_a_clean_run(tmp_
     clean = _weights(tmp_path / "plain")
     assert len(clean) == RANKS and len(set(clean.values())) == 1, clean
     assert watched == clean, (watched, clean)
+
+
+def _rerun(incident: Path) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items()}
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    return subprocess.run([sys.executable, "-m", "rankscope", "rerun", str(incident)], env=env, capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_a_rank_wrong_on_every_execution_is_named_alone_by_a_replay_elsewhere(tmp_path):
+    """Rank 2 computes one value of step 5 wrong every time it runs it: its own re-run
+    gives the fault again, a replay of the same call in another process (the job's own
+    script, attached by rankscope) does not, so the device is suspected, at the end of the
+    run and again offline with rankscope rerun."""
+    proc, out, incidents = run_launch(tmp_path, "sdc_always:2:5")
+    assert incidents, "no incident written\n" + _explain(proc, out)
+    inc = incidents[0]
+    assert (inc["detector"], inc["first_diverging_rank"], inc["step"]) == ("nan_origin", 2, 5), _explain(proc, out)
+    assert inc["evidence"]["rerun"]["outcome"] == "reproduced"
+    assert "replayed : rank 2 only: step 5 reproduces on rank 2, not on a replay here" in proc.stdout, \
+        _explain(proc, out)
+    assert json.loads((inc["_dir"] / "rerun.json").read_text())["class"] == "rank_only"
+    (inc["_dir"] / "rerun.json").unlink()
+    offline = _rerun(inc["_dir"])
+    assert offline.returncode == 0 and offline.stdout.startswith("rank 2 only: "), offline.stdout + offline.stderr
+    assert json.loads((inc["_dir"] / "rerun.json").read_text())["class"] == "rank_only"
 
 
 @pytest.mark.parametrize("fault, detector, rank, step", [
@@ -138,7 +168,11 @@ def test_injected_fault_is_named(tmp_path, fault, detector, rank, step):
         # The rank saw its gradients go non-finite before the reduction and re-ran the
         # step: the NaN is in its batch, so it came back.
         assert inc["evidence"]["rerun"]["outcome"] == "reproduced", inc["evidence"]
-        assert f"re-run   : deterministic: rank {rank} saw gradients that are not finite" in proc.stdout
+        assert f"re-run   : reproduces: rank {rank} saw gradients that are not finite" in proc.stdout
+        # Replayed in another process at the end of the run: the NaN is in the inputs.
+        assert (f"replayed : deterministic: step {step} reproduces on rank {rank}'s re-run and on a replay here "
+                "(bit for bit)") in proc.stdout, _explain(proc, out)
+        assert json.loads((inc["_dir"] / "rerun.json").read_text())["class"] == "deterministic"
     # The report of this real run, as a browser lays it out: the verdict outlined on the
     # heatmap and marked on the curves at the named step; the NaN marked.
     if CHROMIUM is None:

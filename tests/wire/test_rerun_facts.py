@@ -40,7 +40,7 @@ def test_each_outcome_has_its_own_line():
                                                        "at step 5")
     assert "the gradient reduction never took the corrupted one" in rerun_facts.classification(GOOD)
     same = {**GOOD, "outcome": "reproduced", "bitwise": True, "used_rerun": False}
-    assert rerun_facts.classification(same).startswith("deterministic: ")
+    assert rerun_facts.classification(same).startswith("reproduces: ")
     assert "(bit for bit)" in rerun_facts.classification(same)
     assert "not bit for bit" in rerun_facts.classification({**same, "bitwise": False})
     no = {"rank": 0, "step": 1, "outcome": "not_possible", "trigger": "x", "why": "it ran a collective"}

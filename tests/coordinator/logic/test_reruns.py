@@ -34,7 +34,7 @@ def test_the_named_rank_s_re_run_sets_the_line_and_the_policy(on_transient, outc
     inc = core.book.open_or_attach(Verdict("nan_origin", 2, 5, "Cell.fc1.output.0", 3, "forward", "j/0", job="j"))
     assert inc.policy.value == policy
     line = inc.verdict.evidence["rerun"]["line"]
-    assert line.startswith("transient on rank 2" if outcome == "transient" else "deterministic: rank 2")
+    assert line.startswith("transient on rank 2" if outcome == "transient" else "reproduces: rank 2")
 
 
 def test_a_re_run_of_another_rank_or_step_is_not_this_verdict_s():
@@ -51,7 +51,7 @@ def test_a_re_run_said_after_the_incident_opened_joins_it(tmp_path):
     inc = core.book.open_or_attach(Verdict("outlier", 0, 9, "t", 0, "loss", "j/0", job="j"))
     core.on_rerun("j", _rerun(0, 9, "reproduced", bitwise=True))
     assert inc.verdict.evidence["rerun"]["outcome"] == "reproduced"
-    assert (tmp_path / "incidents" / inc.incident_id / "state.json").read_text().count("deterministic") == 1
+    assert (tmp_path / "incidents" / inc.incident_id / "state.json").read_text().count("reproduces: rank 0") == 1
 
 
 def test_strikes_are_counted_per_rank_in_status_and_coverage_and_stay_bounded():

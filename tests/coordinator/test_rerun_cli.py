@@ -1,0 +1,50 @@
+"""``rankscope rerun``'s refusals and its classification, without a job: an incident
+with nothing to replay is a clear error (exit 2), and what a replay found reads as the
+class it settles."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from rankscope.coordinator.cli import rerun
+from rankscope.wire import rerun_facts
+
+RR = {"rank": 2, "step": 5, "outcome": "reproduced", "trigger": "a loss that is not finite"}
+
+
+def _incident(tmp_path, evidence):
+    d = tmp_path / "inc"
+    d.mkdir()
+    (d / "incident.json").write_text(json.dumps({"first_diverging_rank": 2, "step": 5, "evidence": evidence}))
+    return d
+
+
+@pytest.mark.parametrize("evidence, says", [
+    ({}, "rank 2 at step 5 did not re-run that step (its records looked normal before its reduction)"),
+    ({"rerun": {**RR, "outcome": "not_possible", "line": "not re-run: compiled"}}, "(not re-run: compiled)"),
+    ({"rerun": RR}, "kept no replay record"),
+    ({"rerun": {**RR, "replay": "/nonexistent/replay"}}, "/nonexistent/replay/meta.json: cannot be read"),
+])
+def test_nothing_to_replay_is_said_plainly(tmp_path, capsys, evidence, says):
+    assert rerun.main([str(_incident(tmp_path, evidence))]) == 2
+    assert says in capsys.readouterr().err
+
+
+def test_a_missing_incident_is_named(tmp_path, capsys):
+    assert rerun.main([str(tmp_path / "none")]) == 2
+    assert "none/incident.json: cannot be read" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("outcome, replayed, kind", [
+    ("reproduced", "a loss that is not finite", "deterministic"),
+    ("reproduced", "", "rank_only"),
+    ("transient", "", "transient"),
+    ("transient", "a loss that is not finite", "unknown"),
+])
+def test_the_replay_settles_the_class(outcome, replayed, kind):
+    got, line = rerun_facts.with_reference({**RR, "outcome": outcome},
+                                           {"float32": {"anomalous": replayed, "bitwise": False}})
+    assert got == kind, line
+    assert rerun_facts.with_reference(RR, {"error": "the replay took longer than 5 s"}) == \
+        ("unknown", "not replayed: the replay took longer than 5 s")
