@@ -129,7 +129,8 @@ class IncidentBook:
             rr = rerun_facts.compiled(v.rank, v.step, str((rec.watch or {}).get("mode"))) if rec else None
         if rr is None:
             return policy
-        v.evidence = {**v.evidence, "rerun": rr}
+        strikes = self.reruns.strikes(v.job).get(str(v.rank))
+        v.evidence = {**v.evidence, "rerun": {**rr, "strikes": strikes} if strikes else rr}
         if rr["outcome"] != rerun_facts.TRANSIENT:
             return policy
         # skip: the step already went on with the re-run's result; nothing to stop for.

@@ -143,6 +143,11 @@ def _verdict_html(incident: dict) -> str:
     rerun = (incident.get("evidence") or {}).get("rerun")
     if isinstance(rerun, dict) and rerun.get("line"):
         line += f'<br><span id="rerun">Re-run: {esc(rerun["line"])}</span>'
+        strikes = rerun.get("strikes") or {}
+        if strikes.get("transient"):
+            steps = ", ".join(map(str, strikes.get("transient_steps") or []))
+            line += (f'<br><span id="strikes">Rank {esc(rerun.get("rank"))} had {esc(strikes["transient"])} '
+                     f'transient anomaly(ies) in this run so far (steps {esc(steps)})</span>')
     return (f'{line}<span hidden> rank <strong id="first-rank">{rank}</strong> step '
             f'<strong id="first-step">{step}</strong></span>')
 

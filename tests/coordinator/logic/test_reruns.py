@@ -85,3 +85,16 @@ def test_a_rank_whose_steps_run_compiled_is_said_not_re_run():
     # An eager rank that re-ran nothing saw nothing wrong before its reduction: no line.
     inc = eager.book.open_or_attach(Verdict("outlier", 1, 5, "t", 3, "forward", "j/0", job="j"))
     assert "rerun" not in inc.verdict.evidence
+
+
+def test_the_incident_and_its_report_carry_the_rank_s_strikes(tmp_path):
+    from rankscope.coordinator.report.render import _verdict_html
+    core = _core(on_transient="skip")
+    for step in (3, 5):
+        core.on_rerun("j", _rerun(2, step, "transient"))
+    inc = core.book.open_or_attach(Verdict("nan_origin", 2, 5, "t", 3, "forward", "j/0", job="j"))
+    assert inc.verdict.evidence["rerun"]["strikes"]["transient_steps"] == [3, 5]
+    html = _verdict_html({"first_diverging_rank": 2, "step": 5, "detector": "nan_origin",
+                          "evidence": inc.verdict.evidence})
+    assert 'id="rerun">Re-run: transient on rank 2' in html
+    assert "Rank 2 had 2 transient anomaly(ies) in this run so far (steps 3, 5)" in html
