@@ -28,7 +28,7 @@ def _example() -> Path:
     raise SystemExit("rankscope demo: examples/train_dp.py not found; run the demo from a rankscope "
                      "checkout (make demo)")
 
-FAULTS = ("nan_batch", "scale_grad", "perturb_weight", "seed", "kill", "none")
+FAULTS = ("nan_batch", "scale_grad", "perturb_weight", "seed", "kill", "sdc_once", "sdc_always", "none")
 
 
 def msrun_command(ranks: int, log_dir: Path, script: Path | None = None) -> list[str]:

@@ -134,7 +134,9 @@ def test_an_unwritable_dump_path_is_said_once_and_training_goes_on(tmp_path, cap
     assert [float(x) for x in losses] == [float(x) for x in train(3)[0]]
 
 
-def test_start_without_a_model_at_l0_says_the_dump_has_no_cell_data(tmp_path, capsys):
+def test_start_without_a_model_at_l0_says_the_dump_has_no_cell_data(tmp_path, capsys, monkeypatch):
+    from rankscope.wire import attach_report
+    monkeypatch.setattr(attach_report, "_said", set())  # said once per process: an earlier test may have
     dbg = PrecisionDebugger(dump_path=str(tmp_path / "d"), level="L0")
     net, opt, grad_fn = make()
     for i in range(2):
