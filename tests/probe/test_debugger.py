@@ -509,3 +509,30 @@ def test_level_l2_in_pynative_records_no_eager_data_and_says_so(tmp_path):
         dbg.register_custom_api(ms.ops, "relu", "Functional")
     w = dbg.graph.report.current()
     assert "sentinels only" in w.how and "level L2" in w.reason
+
+
+def test_an_input_fed_every_step_gathers_no_grad_hooks(tmp_path, monkeypatch):
+    """A tensor built once and fed each step (a mask, fixed positions) gets its backward
+    hook for one step only: kept, one more would be called by every later backward (and
+    MindSpore holds memory for each for the life of the process)."""
+    from rankscope.probe.hooks.recorder import Recorder
+    dbg = PrecisionDebugger(dump_path=str(tmp_path / "d"), level="L0")
+    net, opt, _ = make()
+    loss_fn = nn.MSELoss()
+    # gradients for the input too, so a hook kept on it would fire again each step
+    grad_fn = ms.value_and_grad(lambda x, y: loss_fn(net(x), y), 0, opt.parameters)
+    x, y = batch(0)
+    calls: list[str] = []
+    orig = Recorder.tensor
+    monkeypatch.setattr(Recorder, "tensor", lambda self, name, *a, **k: (calls.append(name), orig(self, name, *a, **k))[1])
+    per_step = []
+    for _ in range(4):
+        calls.clear()
+        dbg.start(net)
+        _, (_, grads) = grad_fn(x, y)
+        opt(grads)
+        dbg.stop()
+        dbg.step()
+        per_step.append(sum(".backward." in n for n in calls))
+    assert per_step[0] > 0 and per_step == [per_step[0]] * 4, per_step
+    assert dbg.recorder._step_hooks == []  # noqa: SLF001

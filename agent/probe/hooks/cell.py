@@ -91,6 +91,7 @@ class CellHooks:
         self._active.clear()
         self._root_depth = 0
         self.rec.queued_hooks = None
+        self.rec.drop_step_hooks()
 
     # ------------------------------------------------------------------ hooks
     def _pre_hook(self, prefix: str):

@@ -14,6 +14,7 @@ import sys
 import traceback
 from typing import Any, Callable
 
+from rankscope.probe.hooks.grad_hooks import GradHooks
 from rankscope.probe.stats import TensorStats, is_tensor, tensor_stats
 from rankscope.wire.records import NO_CRC, Kind, NameTable, StepBatchBuilder
 
@@ -39,7 +40,7 @@ def is_parameter(value: Any) -> bool:
     return isinstance(value, _PARAMETER[0])
 
 
-class Recorder:
+class Recorder(GradHooks):
     """Holds one step's records: batch rows, dump.json entries, stacks, construct."""
 
     def __init__(self, *, task: str = "statistics", summary_mode: str = "statistics",
@@ -87,6 +88,7 @@ class Recorder:
         #: here and done at the end of that forward: registering a hook on a tensor still
         #: being computed waits for MindSpore's pipeline, so one batch = one wait.
         self.queued_hooks: list[tuple[Any, Any]] | None = None
+        self._step_hooks: list[Any] = []  # handles of this step's tensor hooks
         #: Stats of parameters read at step start (sentinel snapshot), by id: L0 reuses
         #: them instead of reading a parameter again.
         self.param_cache: dict[int, TensorStats] = {}
@@ -280,73 +282,6 @@ class Recorder:
         self.construct.setdefault(name, parent)
         if stack and name not in self.stacks:
             self.stacks[name] = self._stack()
-
-    def hook_grads(self, fwd_name: str, parent: str | None, args: Any, output: Any) -> None:
-        """Tensor-level grad hooks on a call's outputs (backward ``input``) and inputs
-        (backward ``output``), filling ``{name}.backward.{n}`` as gradients arrive.
-
-        Why not Cell.register_backward_hook: it inserts a CellBackwardHook op per call and
-        costs ~50% of the step on the MLP bench; tensor hooks cost next to nothing, and
-        the forward call index is known here, so backward.{n} pairs with forward.{n}
-        exactly. Caveat: a tensor's grad is its total grad, so for an input that also
-        feeds other cells (a residual), "output" includes their share too.
-        """
-        # Cell names carry the index after the direction, API names before it
-        if fwd_name.endswith(".forward"):
-            bname = fwd_name[: -len("forward")] + "backward"
-        else:
-            bname = fwd_name.replace(".forward.", ".backward.")
-        bparent = parent.replace(".forward.", ".backward.") if parent else None
-        outs = output if isinstance(output, (tuple, list)) else (output,)
-        ins = args if isinstance(args, (tuple, list)) else (args,)
-        r = self
-        for io, tensors, want in (("input", outs, r.wants_io("backward", "input")),
-                                  ("output", ins, r.wants_io("backward", "output"))):
-            if not want:
-                continue
-            for i, t in enumerate(tensors):
-                reg = getattr(t, "register_hook", None)
-                if reg is None or getattr(t, "asnumpy", None) is None:
-                    continue
-                hook = self._grad_hook(bname, bparent, io, i, len(tensors))
-                if self.queued_hooks is not None:
-                    self.queued_hooks.append((reg, hook))
-                    continue
-                try:
-                    reg(hook)
-                except Exception:  # noqa: BLE001 - a tensor outside autograd: nothing to record
-                    pass
-
-    def register_queued_hooks(self) -> None:
-        queued, self.queued_hooks = self.queued_hooks or [], None
-        for reg, hook in queued:
-            try:
-                reg(hook)
-            except Exception:  # noqa: BLE001 - a tensor outside autograd: nothing to record
-                pass
-
-    def _grad_hook(self, bname: str, bparent: str | None, io: str, i: int, n: int):
-        r = self
-
-        def grad_hook(grad):  # noqa: ANN001
-            try:
-                if not r.dumping:
-                    return None
-                entry = r.entries.get(bname)
-                if entry is None:
-                    if bname in r._unwanted or not r.wants(bname):
-                        r._unwanted.add(bname)  # its other gradients are not asked again
-                        return None
-                    entry = {"input": [], "output": []}
-                    r.put(bname, entry, bparent)
-                slots = entry[io]
-                if len(slots) < n:
-                    slots.extend([None] * (n - len(slots)))
-                slots[i] = r.tensor(f"{bname}.{io}.{i}", Kind.BACKWARD, grad)
-            except Exception as exc:  # noqa: BLE001
-                r.error(f"{bname} grad hook", exc)
-            return None  # never replace the gradient
-        return grad_hook
 
     # ------------------------------------------------------------------ stacks
     def _stack(self) -> list[str]:
