@@ -46,15 +46,28 @@ class Rerunner:
         self.reruns = 0
         self.outcomes: list[dict] = []  # what was said, newest last (bounded by MAX_RERUNS)
         self._streak = False
+        self._cells: dict[int, Any] = {}  # id(function differentiated) -> its Cell
 
-    def before(self) -> tuple[Any, int] | None:
-        """What the step's call must be re-run from: taken before it runs (a few µs)."""
+    def before(self, site: tuple[Any, Any, list[str]]) -> tuple[Any, int, Any] | None:
+        """What the step's call must be re-run from: taken before it runs (a few µs; under
+        ``skip``, also a copy of the buffers its forward updates, so a re-run whose result
+        the step goes on with starts from the same ones)."""
         if not self.enabled:
             return None
-        return _rng_state(), getattr(self.sync, "changes", 0)
+        pre = _buffers(self._models(site)) if self.policy == "skip" else None
+        return _rng_state(), getattr(self.sync, "changes", 0), pre
+
+    def _models(self, site: tuple[Any, Any, list[str]]) -> list:
+        key = id(site[0])
+        if key not in self._cells:
+            if len(self._cells) >= 8:
+                self._cells.clear()
+            self._cells[key] = _model_of(site[0], site[1])
+        model = self._cells[key]
+        return [model] if model is not None else []
 
     def after(self, inner: Callable, args: tuple, kwargs: dict, site: tuple[Any, Any, list[str]], out: Any,
-              token: tuple[Any, int] | None) -> Any:
+              token: tuple[Any, int, Any] | None) -> Any:
         """What the step goes on with: ``out`` (the call as made), or, when it was
         anomalous, did not reproduce and ``cluster.on_transient`` is ``skip``, the re-run's.
         ``site``: the function differentiated, its weights, their names."""
@@ -69,14 +82,15 @@ class Rerunner:
                 self._streak = False
                 self.gate.learn(loss, gnorm)
                 return out
-            return self._anomalous(inner, args, kwargs, site, out, token[0], token[1], trigger)
+            return self._anomalous(inner, args, kwargs, site, out, token, trigger)
         except Exception as exc:  # noqa: BLE001 - the step's own result stands
             self.rec.error("re-run on anomaly", exc)
             return out
 
     def _anomalous(self, inner: Callable, args: tuple, kwargs: dict, site: tuple[Any, Any, list[str]], out: Any,
-                   rng: Any, changes: int, trigger: str) -> Any:
+                   token: tuple[Any, int, Any], trigger: str) -> Any:
         fn, weights, names = site
+        rng, changes, pre = token
         streak, self._streak = self._streak, True
         if streak or self.reruns >= MAX_RERUNS:
             return out  # said for the first step of the streak; the cap was said when reached
@@ -88,14 +102,18 @@ class Rerunner:
         if why:
             self._tell({**detail, "outcome": facts.NOT_POSSIBLE, "why": why})
             return out
-        again = self._again(inner, args, kwargs, rng, _model_of(fn, weights))
+        post = _buffers(self._models(site))  # as the first execution left them
+        again = self._again(inner, args, kwargs, rng, pre)
         if isinstance(again, str):
+            _put_back(post)
             self._tell({**detail, "outcome": facts.NOT_POSSIBLE, "why": again})
             return out
         differs = _first_difference(out, again, names)
         loss2, gnorm2 = _measure(again)
         reproduced = not differs or bool(self.gate.judge(loss2, gnorm2))
         use = not reproduced and self.policy == "skip"
+        if not use:
+            _put_back(post)  # the step goes on as first made: so do its buffers
         detail = {**detail, "outcome": facts.REPRODUCED if reproduced else facts.TRANSIENT,
                   "bitwise": not differs, "differs_at": differs, "used_rerun": use}
         self._tell({**detail, "replay": self._keep(detail, args, kwargs, weights, names, out, rng)})
@@ -123,12 +141,14 @@ class Rerunner:
             return "MindSpore's RNG state could not be read, so the re-run would not draw the same numbers"
         return ""
 
-    def _again(self, inner: Callable, args: tuple, kwargs: dict, rng: Any, model: Any) -> Any:
-        """The call once more, muted, with the RNG and the forward's buffers put back; a
-        string says why it could not be made."""
+    def _again(self, inner: Callable, args: tuple, kwargs: dict, rng: Any, pre: Any) -> Any:
+        """The call once more, muted, from the step's RNG state (and, under ``skip``, its
+        buffers as the step began); a string says why it could not be made. The caller
+        puts the buffers back as it needs them."""
         import mindspore as ms
         after = _rng_state()
-        buffers = _buffers([model] if model is not None else [])
+        if pre is not None:
+            _put_back(pre)
         dumping, self.rec.dumping = self.rec.dumping, False
         try:
             ms.set_rng_state(rng)
@@ -139,8 +159,6 @@ class Rerunner:
             self.rec.dumping = dumping
             if after is not None:
                 ms.set_rng_state(after)
-            for p, saved in buffers:
-                p.set_data(saved)
 
     def _tell(self, detail: dict) -> None:
         facts.check_detail(detail)
@@ -198,6 +216,11 @@ def _model_of(fn: Any, weights: Any) -> Any:
     """The Cell a gradient function runs (whose buffers the re-run must put back)."""
     from rankscope.probe.autoattach import find_model
     return find_model(fn, weights)
+
+
+def _put_back(buffers: list[tuple[Any, Any]]) -> None:
+    for p, saved in buffers:
+        p.set_data(saved.copy())
 
 
 def _buffers(models: list) -> list[tuple[Any, Any]]:

@@ -89,7 +89,7 @@ def _wrap_value_and_grad(orig: Callable, with_loss: bool = True) -> Callable:
         def grad_fn(*args, **kwargs):  # noqa: ANN002
             cur = _current()
             rerun = cur.rerun if cur is not None and cur.enabled and cur.record else None
-            token = rerun.before() if rerun is not None else None
+            token = rerun.before((fn, weights, names)) if rerun is not None else None
             out = inner(*args, **kwargs)
             if cur is not None and cur.enabled:
                 try:

@@ -76,7 +76,8 @@ def classification(detail: dict[str, Any]) -> str:
                 "the code, unless the device is wrong every time (a replay in another process tells which)")
     if outcome == TRANSIENT:
         went = ("; the step went on with the re-run's result, so the gradient reduction never took the "
-                "corrupted one" if detail.get("used_rerun") else "")
+                "corrupted one, and the job runs on whatever on_divergence says (on_transient skip)"
+                if detail.get("used_rerun") else "")
         where = f" (first difference: {detail['differs_at']})" if detail.get("differs_at") else ""
         return (f"transient on rank {rank}: {seen}, and a re-run with the same inputs did not reproduce it"
                 f"{where}: suspect the hardware (silent data corruption){went}")
@@ -111,6 +112,9 @@ def with_reference(detail: dict[str, Any], result: dict[str, Any]) -> tuple[str,
         wide = ("; a float64 replay agrees" if bool(f64.get("anomalous")) == again
                 else "; in float64 it does not come back: float32 precision is part of it" if again
                 else "; in float64 it comes back")
+    elif result.get("float64_error"):
+        first = str(result["float64_error"]).strip().splitlines()[0][:120]
+        wide = f"; no float64 replay (MindSpore refused it: {first})"
     if detail["outcome"] == TRANSIENT:
         if again:
             return "unknown", (f"unclear: rank {rank}'s own re-run of step {step} did not reproduce it, but a replay "

@@ -48,3 +48,9 @@ def test_the_replay_settles_the_class(outcome, replayed, kind):
     assert got == kind, line
     assert rerun_facts.with_reference(RR, {"error": "the replay took longer than 5 s"}) == \
         ("unknown", "not replayed: the replay took longer than 5 s")
+
+
+def test_a_float64_replay_mindspore_refused_is_said():
+    _, line = rerun_facts.with_reference(RR, {"float32": {"anomalous": ""},
+                                              "float64_error": "TypeError: For primitive[Conv2D], Float64\nmore"})
+    assert line.endswith("; no float64 replay (MindSpore refused it: TypeError: For primitive[Conv2D], Float64)")

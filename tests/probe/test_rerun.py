@@ -38,16 +38,26 @@ def train(tmp_path, fault: str = "", dropout: float = 0.0, **cluster) -> tuple[s
     if dropout:
         cells.append(nn.Dropout(p=dropout))
     net = nn.SequentialCell(cells + [nn.Dense(16, 2)])
+    net.set_train()  # BatchNorm updates its moving statistics, Dropout drops
     opt = nn.SGD(net.trainable_params(), 0.01)
     loss_fn = nn.MSELoss()
     calls: dict[int, int] = {}
     bad = np.zeros((4, 2), np.float32)
     bad[0, 0] = np.nan
 
+    inner = np.zeros((4, 16), np.float32)
+    inner[1, 3] = np.nan
+
     def forward(x, y):
-        out = net(x)
         calls[step] = calls.get(step, 0) + 1
-        if step == AT and (fault == "always" or (fault == "once" and calls[step] == 1)):
+        hit = step == AT and (fault in ("always", "before_bn") or (fault == "once" and calls[step] == 1))
+        if fault == "before_bn" and hit and calls[step] == 1:
+            h = net[0](x) + ms.Tensor(inner)  # miscomputed once before BatchNorm: its statistics see it
+            for cell in list(net.cell_list)[1:]:
+                h = cell(h)
+            return loss_fn(h, y)
+        out = net(x)
+        if hit and fault != "before_bn":
             out = out + ms.Tensor(bad)  # a device that miscomputes one value
         return loss_fn(out, y)
 
@@ -78,6 +88,16 @@ def test_corrupted_once_is_transient_and_skip_trains_as_if_it_never_happened(tmp
     assert "not finite" in out["trigger"]
     assert skipped == clean
     assert rows_skip == rows  # the re-run recorded nothing of its own
+
+
+def test_skip_starts_the_re_run_from_the_step_s_buffers(tmp_path):
+    """A value miscomputed once before BatchNorm reaches its moving statistics; under
+    skip the re-run starts from the buffers as the step began and its update is the one
+    kept, so they end bit for bit as in a clean run too."""
+    clean, _, _ = train(tmp_path)
+    skipped, [out], _ = train(tmp_path, "before_bn", on_transient="skip")
+    assert out["outcome"] == "transient" and out["used_rerun"] is True
+    assert skipped == clean
 
 
 def test_continue_changes_nothing_in_the_training(tmp_path):
