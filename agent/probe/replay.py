@@ -26,12 +26,12 @@ from typing import Any
 
 import numpy as np
 
+from rankscope.probe.call_outputs import leaves, measure
 from rankscope.probe.rerun_gate import AnomalyGate
 from rankscope.probe.stats import is_tensor, to_numpy
 from rankscope.wire import replay_files
 
-ENV = "RANKSCOPE_REPLAY"
-OUT_ENV = "RANKSCOPE_REPLAY_OUT"
+ENV, OUT_ENV = replay_files.ENV, replay_files.OUT_ENV
 _PLAIN = (int, float, bool, str, type(None))
 
 
@@ -76,9 +76,8 @@ def keep(dump_path: str, detail: dict, args: tuple, kwargs: dict, weights: Any, 
 
 def first_outputs(out: Any) -> tuple[float | None, list[int]]:
     """(loss, CRC-32 of each gradient) of a call's result: what a replay is compared with."""
-    from rankscope.probe.rerun import _leaves, _measure
-    loss, _ = _measure(out)
-    return loss, [replay_files.crc(to_numpy(g)[0]) for label, g in _leaves(out, []) if label.startswith("grad ")]
+    loss, _ = measure(out)
+    return loss, [replay_files.crc(to_numpy(g)[0]) for label, g in leaves(out, []) if label.startswith("grad ")]
 
 
 def _num(x: float | None) -> Any:
@@ -126,8 +125,7 @@ class Replayer:
         kwargs = {k: self._value(e, cast) for k, e in self.meta["call"]["kwargs"].items()}
         out = inner(*args, **kwargs)
         loss, crcs = first_outputs(out)
-        from rankscope.probe.rerun import _measure
-        _, gnorm = _measure(out)
+        _, gnorm = measure(out)
         gate = AnomalyGate()
         for lv in self.meta["history"]["loss"]:
             gate.learn(lv, None)

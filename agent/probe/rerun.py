@@ -26,6 +26,7 @@ from typing import Any, Callable
 import numpy as np
 
 from rankscope.probe import layout_probe, replay
+from rankscope.probe.call_outputs import leaves, measure
 from rankscope.probe.rerun_gate import AnomalyGate
 from rankscope.probe.stats import is_tensor, to_numpy
 from rankscope.wire import rerun_facts as facts
@@ -76,7 +77,7 @@ class Rerunner:
         if self.replayer is not None and self.replayer.matches(site[2]):
             self.replayer.run(inner, site[1])  # ends the process
         try:
-            loss, gnorm = _measure(out)
+            loss, gnorm = measure(out)
             trigger = self.gate.judge(loss, gnorm)
             if not trigger:
                 self._streak = False
@@ -109,7 +110,7 @@ class Rerunner:
             self._tell({**detail, "outcome": facts.NOT_POSSIBLE, "why": again})
             return out
         differs = _first_difference(out, again, names)
-        loss2, gnorm2 = _measure(again)
+        loss2, gnorm2 = measure(again)
         reproduced = not differs or bool(self.gate.judge(loss2, gnorm2))
         use = not reproduced and self.policy == "skip"
         if not use:
@@ -214,7 +215,7 @@ def _poisoned(weights: Any) -> bool:
 
 def _model_of(fn: Any, weights: Any) -> Any:
     """The Cell a gradient function runs (whose buffers the re-run must put back)."""
-    from rankscope.probe.autoattach import find_model
+    from rankscope.probe.model_finder import find_model
     return find_model(fn, weights)
 
 
@@ -234,38 +235,9 @@ def _buffers(models: list) -> list[tuple[Any, Any]]:
     return out
 
 
-def _leaves(out: Any, names: list[str]) -> list[tuple[str, Any]]:
-    """(label, tensor) of a value_and_grad result: the loss (and any other outputs), then
-    each gradient under its parameter's name."""
-    value, grads = (out[0], out[1]) if isinstance(out, tuple) and len(out) == 2 else (out, ())
-    values = list(value) if isinstance(value, (tuple, list)) else [value]
-    grads = list(grads) if isinstance(grads, (tuple, list)) else [grads]
-    got = [("loss" if i == 0 else f"output {i}", v) for i, v in enumerate(values) if is_tensor(v)]
-    got += [(f"grad {names[i] if i < len(names) else i}", g) for i, g in enumerate(grads) if is_tensor(g)]
-    return got
-
-
-def _measure(out: Any) -> tuple[float | None, float | None]:
-    """(loss, norm of the gradients) of one call's result."""
-    leaves = _leaves(out, [])
-    loss = None
-    if leaves and leaves[0][0] == "loss":
-        arr, _ = to_numpy(leaves[0][1])
-        loss = float(arr.reshape(-1)[0]) if arr.size == 1 else None
-    sq, any_grad = 0.0, False
-    for label, g in leaves:
-        if label.startswith("grad "):
-            arr, _ = to_numpy(g)
-            if arr.dtype.kind == "f" and arr.size:
-                flat = arr.reshape(-1) if arr.dtype.itemsize >= 4 else arr.reshape(-1).astype(np.float32)
-                sq += float(np.dot(flat, flat))
-                any_grad = True
-    return loss, (float(np.sqrt(sq)) if any_grad else None)
-
-
 def _first_difference(a: Any, b: Any, names: list[str]) -> str:
     """The first output whose bits differ between two calls' results, or ""."""
-    for (label, x), (_, y) in zip(_leaves(a, names), _leaves(b, names)):
+    for (label, x), (_, y) in zip(leaves(a, names), leaves(b, names)):
         ax, _ = to_numpy(x)
         ay, _ = to_numpy(y)
         if ax.shape != ay.shape or ax.dtype != ay.dtype or ax.tobytes() != ay.tobytes():

@@ -27,6 +27,10 @@ import numpy as np
 
 MAX_BYTES = 256 << 20
 FORMAT = 1
+#: Set by ``rankscope rerun`` in the process it starts: the record to replay, and where
+#: the replay writes what came out.
+ENV = "RANKSCOPE_REPLAY"
+OUT_ENV = "RANKSCOPE_REPLAY_OUT"
 
 
 def replay_dir(dump_path: str | os.PathLike, rank: int, step: int) -> Path:

@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import Any
 
 from rankscope.coordinator.launch.env import ATTACH_DIR
-from rankscope.probe import replay
 from rankscope.wire import replay_files, rerun_facts
 from rankscope.wire.job_config import CONFIG_ENV, DUMP_PATH_ENV
 from rankscope.wire.ports import free_port
@@ -117,8 +116,8 @@ def _replay(record: Path, meta: dict, command: list[str], tmp: Path, timeout: fl
             command = ["msrun", "--worker_num=1", "--local_worker_num=1", f"--master_port={free_port()}",
                        f"--log_dir={tmp / 'logs'}", "--join=True", *script]
     env = {k: v for k, v in os.environ.items() if k not in ("RANKSCOPE_AGENT", CONFIG_ENV)}
-    env.update({"PATH": _path(), "RANKSCOPE_ATTACH": "1", "RANKSCOPE_JOB": "rerun", replay.ENV: str(record),
-                replay.OUT_ENV: str(out), DUMP_PATH_ENV: str(tmp / "dump"),
+    env.update({"PATH": _path(), "RANKSCOPE_ATTACH": "1", "RANKSCOPE_JOB": "rerun", replay_files.ENV: str(record),
+                replay_files.OUT_ENV: str(out), DUMP_PATH_ENV: str(tmp / "dump"),
                 "PYTHONPATH": os.pathsep.join([str(ATTACH_DIR), *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))])})
     try:
         proc = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
