@@ -94,3 +94,34 @@ def compiled(rank: int, step: int, mode: str) -> dict[str, Any] | None:
            "re-run before the update")
     return {"rank": rank, "step": step, "outcome": NOT_POSSIBLE, "trigger": "the fault", "why": why,
             "line": f"not re-run: rank {rank}'s {why.removeprefix('its ')}"}
+
+
+def with_reference(detail: dict[str, Any], result: dict[str, Any]) -> tuple[str, str]:
+    """(class, line) once the step was also replayed in another process (``rankscope
+    rerun``): ``deterministic``, ``transient``, ``rank_only`` or ``unknown``."""
+    rank, step = detail["rank"], detail["step"]
+    if result.get("error") or not isinstance(result.get("float32"), dict):
+        return "unknown", f"not replayed: {result.get('error') or 'the replay made no call'}"
+    ref = result["float32"]
+    again = bool(ref.get("anomalous"))
+    how = " (bit for bit)" if ref.get("bitwise") else ""
+    f64 = result.get("float64")
+    wide = ""
+    if isinstance(f64, dict):
+        wide = ("; a float64 replay agrees" if bool(f64.get("anomalous")) == again
+                else "; in float64 it does not come back: float32 precision is part of it" if again
+                else "; in float64 it comes back")
+    elif result.get("float64_error"):
+        first = str(result["float64_error"]).strip().splitlines()[0][:120]
+        wide = f"; no float64 replay (MindSpore refused it: {first})"
+    if detail["outcome"] == TRANSIENT:
+        if again:
+            return "unknown", (f"unclear: rank {rank}'s own re-run of step {step} did not reproduce it, but a replay "
+                               f"here does{how}{wide}")
+        return "transient", (f"transient on rank {rank}: step {step} reproduces neither on its own re-run nor on a "
+                             f"replay here: suspect the hardware (silent data corruption){wide}")
+    if again:
+        return "deterministic", (f"deterministic: step {step} reproduces on rank {rank}'s re-run and on a replay "
+                                 f"here{how}{wide}: the inputs lead there: look at the data or the code")
+    return "rank_only", (f"rank {rank} only: step {step} reproduces on rank {rank}, not on a replay here with the "
+                         f"same inputs and parameters: suspect the device{wide}")
