@@ -25,7 +25,8 @@ from typing import Callable
 
 from rankscope.probe import layout_probe
 from rankscope.probe.kernel_config import KernelDump
-from rankscope.probe.kernel_files import (
+from rankscope.probe.stats import TensorStats, array_stats
+from rankscope.wire.kernel_files import (
     CsvStats,
     KernelTensor,
     execution_order,
@@ -34,7 +35,6 @@ from rankscope.probe.kernel_files import (
     parse_name,
     read_statistic_csv,
 )
-from rankscope.probe.stats import TensorStats, array_stats
 from rankscope.wire.records import NO_CRC, Kind
 
 _OP_INDEX = re.compile(r"-op(\d+)$")

@@ -18,8 +18,8 @@ from rankscope.config.cluster import parse_cluster
 from rankscope.config.errors import ConfigError
 from rankscope.probe import kernel_config
 from rankscope.probe.kernel_config import KernelDump
-from rankscope.probe.kernel_files import parse_name, read_statistic_csv
 from rankscope.probe.kernel_reader import KernelReader
+from rankscope.wire.kernel_files import parse_name, read_statistic_csv
 from rankscope.wire.records import NO_CRC, Kind
 
 SCOPE = "Default_loss_net-WeightedLoss_net-Tower_l1-Dense_MatMul-op0"
@@ -323,7 +323,7 @@ def test_same_shaped_gradients_follow_the_direction_of_the_unique_ones():
                                  np.array([True, False]), np.zeros((0, 3), np.int64),
                                  np.asfortranarray(np.arange(6, dtype=np.float64).reshape(2, 3))])
 def test_kernel_tensors_load_exactly_as_numpy_writes_them(tmp_path, arr):
-    from rankscope.probe.kernel_files import load_npy
+    from rankscope.wire.kernel_files import load_npy
     path = tmp_path / "t.npy"
     np.save(path, arr)
     got = load_npy(str(path))
@@ -334,7 +334,7 @@ def test_kernel_tensors_load_exactly_as_numpy_writes_them(tmp_path, arr):
 def test_a_float16_label_on_float32_data_from_mindspores_cpu_dump_is_read_as_written():
     # A real file from MindSpore 2.10's CPU dump of an AMP O2 job (see the folder's README):
     # read as its header says, it held NaN and Inf, and a clean job was stopped for it.
-    from rankscope.probe.kernel_files import load_npy, parse_name
+    from rankscope.wire.kernel_files import load_npy, parse_name
     [path] = (REPO / "tests" / "data" / "mindspore_cpu_amp_o2").glob("*.npy")
     raw = path.read_bytes()
     assert b"'descr': '<f2'" in raw[:128] and parse_name(path.name).dtype == "Float16"
@@ -346,7 +346,7 @@ def test_a_float16_label_on_float32_data_from_mindspores_cpu_dump_is_read_as_wri
 
 
 def test_a_kernel_file_whose_size_fits_no_float_width_is_refused_by_name(tmp_path):
-    from rankscope.probe.kernel_files import load_npy
+    from rankscope.wire.kernel_files import load_npy
     path = tmp_path / "t.npy"
     np.save(path, np.arange(6, dtype=np.int32))
     with open(path, "ab") as fh:
