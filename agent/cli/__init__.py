@@ -26,6 +26,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "collect": ("rankscope.coordinator.cli.control", "gather every rank's local dump into one tree"),
     "report": ("rankscope.coordinator.cli.report", "re-render an incident's report.html"),
     "rerun": ("rankscope.coordinator.cli.rerun", "replay an incident's anomalous step: data, code, or that device?"),
+    "analyze": ("rankscope.coordinator.cli.analyze", "the same verdict from msProbe dump trees made elsewhere (offline)"),
     "incidents": ("rankscope.coordinator.cli.incidents", "list past incidents of an export folder (offline); show or open one"),
     "bench": ("rankscope.coordinator.cli.bench", "benchmarks (ingest throughput, detection latency)"),
 }

@@ -296,6 +296,10 @@ class CoordinatorCore:
         """A rank's bundle for an incident is complete at ``path``."""
         self.book.on_bundle(incident_id, rank, path)
 
+    def on_bundles(self, incident_id: str, paths: dict[int, str | os.PathLike]) -> None:
+        """Bundles of many ranks that are complete together (a dump tree's folders)."""
+        self.book.on_bundles(incident_id, paths)
+
     def write_incident(self, incident_id: str) -> Path:
         """Perform a WRITE_INCIDENT action: write incident.json, then move on per policy."""
         return self.book.write(incident_id)

@@ -255,8 +255,13 @@ class IncidentBook:
         return out
 
     def on_bundle(self, incident_id: str, rank: int, path: str | os.PathLike) -> None:
+        self.on_bundles(incident_id, {rank: path})
+
+    def on_bundles(self, incident_id: str, paths: dict[int, str | os.PathLike]) -> None:
+        """Several ranks' bundles at once: the incident's state is saved once, not per rank."""
         inc = self.by_id[incident_id]
-        inc.bundles[int(rank)] = str(path)
+        for rank, path in paths.items():
+            inc.bundles[int(rank)] = str(path)
         self.store.save(inc)
 
     def write(self, incident_id: str) -> Path:

@@ -97,7 +97,7 @@ class ActionPerformer:
             series = self.core.series.to_dict(group).get(group) if group else None
             history = history_from_series(series, self._around(verdict))
             rank_map = list(self.core.rank_maps.get(job, []))
-            self._submit(_write_report, path.parent, history, rank_map)
+            self._submit(write_report_files, path.parent, history, rank_map)
 
     def _refresh(self, iid: str) -> None:
         """The incident ended (resumed, terminated) after its files were written: write
@@ -171,7 +171,7 @@ def _render_again(d: Path) -> None:
         log.exception("rendering report.html again in %s failed", d)
 
 
-def _write_report(d: Path, history: dict | None, rank_map: list) -> None:
+def write_report_files(d: Path, history: dict | None, rank_map: list) -> None:
     try:
         # The node agents' rank map (claims -> assigned ids) beside the incident, as a file
         # of its own for tools that do not read incident.json.
