@@ -96,6 +96,9 @@ def report(result: Analysis) -> int:
     span = f"{len(ranks)} rank(s) ({rank_span(ranks)}), steps {steps[0]}-{steps[-1]}" if steps else "no step"
     missed = _not_read_text(result.not_read)
     tail = f"; NOT READ: {missed}" if missed else ""
+    if result.interrupted_at is not None:
+        tail += f"; INTERRUPTED while reading step {result.interrupted_at}: later steps not analysed"
+        missed = missed or "interrupted"
     if found:
         say(f"analysed {span}{tail}")
         return INCIDENT_EXIT

@@ -40,6 +40,8 @@ class Analysis:
     replicated: int = 0
     header: dict[str, set[str]] = field(default_factory=lambda: {"framework": set(), "task": set(), "level": set()})
     seconds: float = 0.0
+    #: The step being read when Ctrl-C stopped the analysis (what was judged before it stands).
+    interrupted_at: int | None = None
 
 
 class Analyzer:
@@ -65,7 +67,9 @@ class Analyzer:
         for r in ranks:
             self.core.on_register(JOB, r, {"world_size": len(ranks), "host": "dump", "pid": 0})
         held: list[tuple[int, dict[int, RankStep | str]]] = []
+        replicated: frozenset[str] = frozenset()
         last_said = time.monotonic()
+        step = None
         try:
             for i, step in enumerate(steps):
                 rows = self.reader.read(self.tree.where[step])
@@ -81,10 +85,13 @@ class Analyzer:
                         self._feed(s, r, replicated)
                     held.clear()
                 else:
-                    self._feed(step, rows, self.learner.replicated())
+                    self._feed(step, rows, replicated)
                 if time.monotonic() - last_said > SAY_EVERY_S:
                     last_said = time.monotonic()
                     self.say(f"analysed step {step} ({i + 1} of {len(steps)} steps, {len(ranks)} ranks)")
+        except KeyboardInterrupt:
+            self.result.interrupted_at = step
+        try:
             self.core.drain()
             self.actions.run()
         finally:
