@@ -12,6 +12,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
+from rankscope.wire import rerun_facts
 from rankscope.wire.watch_line import GRAPH, JIT, PYNATIVE, UNWATCHED, launch_prints_it, watch_line
 
 
@@ -20,12 +21,14 @@ class Watch:
     mode: str
     how: str
     reason: str = ""
+    #: Where an anomalous step cannot be re-run (the optimizer compiled with the backward).
+    rerun: str = ""
 
     def line(self, rank: Any) -> str:
-        return watch_line(rank, self.mode, self.how, self.reason)
+        return watch_line(rank, self.mode, self.how, self.reason, rerun=self.rerun)
 
     def detail(self, rank: Any) -> dict:
-        return {"rank": rank, "mode": self.mode, "how": self.how, "reason": self.reason}
+        return {"rank": rank, "mode": self.mode, "how": self.how, "reason": self.reason, "rerun": self.rerun}
 
 
 #: Why nothing inside a PIJit call is seen: rankscope keeps out of the frames PIJit
@@ -62,14 +65,18 @@ class WatchReporter:
 
     def current(self) -> Watch:
         if self.jit_steps:
+            note = rerun_facts.watch_note(JIT)
             if self.kernel_dump:
-                return Watch(JIT, f"the kernel dump ({self.kernel_dump}) for its @ms.jit step and step sentinels")
-            return Watch(JIT, "step sentinels only (parameters, loss)", self.kernel_problem or "kernel dump off")
+                return Watch(JIT, f"the kernel dump ({self.kernel_dump}) for its @ms.jit step and step sentinels",
+                             rerun=note)
+            return Watch(JIT, "step sentinels only (parameters, loss)", self.kernel_problem or "kernel dump off",
+                         rerun=note)
         if self.graph_steps:
+            note = rerun_facts.watch_note(GRAPH)
             if self.kernel_dump:
-                return Watch(GRAPH, f"the kernel dump ({self.kernel_dump}) and step sentinels")
+                return Watch(GRAPH, f"the kernel dump ({self.kernel_dump}) and step sentinels", rerun=note)
             why = self.kernel_problem or "kernel dump off"
-            return Watch(GRAPH, "step sentinels only (parameters, loss)", why)
+            return Watch(GRAPH, "step sentinels only (parameters, loss)", why, rerun=note)
         if self.eager_steps:
             if self.jit_compiles:
                 how = "hooks" + (" + the kernel dump for its jit parts" if self.kernel_dump

@@ -114,7 +114,7 @@ SCHEMAS: dict[str, _Schema] = {
 
 #: STATUS ``watch``: how a rank is watched, said once per rank (probe.watch).
 WATCH_DETAIL: _Schema = {"rank": ((int, type(None)), True), "mode": ((str,), True),
-                         "how": ((str,), True), "reason": ((str,), True)}
+                         "how": ((str,), True), "reason": ((str,), True), "rerun": ((str,), False)}
 WATCH_TEXT_MAX = 300
 #: STATUS ``dump``: what of a rank's local dump stays on disk (dump.retention), said when
 #: it first removes a step and when the rank closes.
@@ -295,8 +295,8 @@ def _check_watch(detail: Any) -> None:
     if not isinstance(detail, dict):
         raise ProtocolError("bad_field", "status.watch needs a detail map")
     _check_body_against("status.watch", WATCH_DETAIL, detail)
-    for key in ("mode", "how", "reason"):
-        if len(detail[key]) > WATCH_TEXT_MAX:
+    for key in ("mode", "how", "reason", "rerun"):
+        if len(detail.get(key, "")) > WATCH_TEXT_MAX:
             raise ProtocolError("bad_field", f"status.watch.{key} is longer than {WATCH_TEXT_MAX}")
 
 

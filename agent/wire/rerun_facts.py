@@ -84,14 +84,28 @@ def classification(detail: dict[str, Any]) -> str:
     return f"not re-run: {seen}, but {detail.get('why') or 'the step could not be re-run'}"
 
 
+def compiled_why(mode: str) -> str | None:
+    """Why a rank whose steps run in ``mode`` cannot re-run one; None when it can try."""
+    if mode not in (GRAPH, JIT):
+        return None
+    return (f"its steps run compiled ({mode}), with the backward and the optimizer in one graph: nothing can be "
+            "re-run before the update")
+
+
+def watch_note(mode: str) -> str:
+    """What the watch line of a rank whose whole step runs compiled in ``mode`` says of
+    re-runs (none can be made); "" for a mode whose steps can be re-run."""
+    why = compiled_why(mode)
+    return f"no re-run on an anomaly: {why.removeprefix('its ')}" if why else ""
+
+
 def compiled(rank: int, step: int, mode: str) -> dict[str, Any] | None:
     """What a verdict says of the re-run of a rank whose steps run compiled (``mode`` as
     its watch status says): a graph holds the backward and the optimizer together, so
     nothing can be re-run before the update. None for a rank that runs eagerly."""
-    if mode not in (GRAPH, JIT):
+    why = compiled_why(mode)
+    if why is None:
         return None
-    why = (f"its steps run compiled ({mode}), with the backward and the optimizer in one graph: nothing can be "
-           "re-run before the update")
     return {"rank": rank, "step": step, "outcome": NOT_POSSIBLE, "trigger": "the fault", "why": why,
             "line": f"not re-run: rank {rank}'s {why.removeprefix('its ')}"}
 

@@ -13,13 +13,16 @@ GRAPH = "GRAPH"
 JIT = "PyNative+jit"
 
 
-def watch_line(rank: Any, mode: str, how: str, reason: str = "", who: str | None = None) -> str:
-    """``who`` names several ranks at once (``ranks 0-3``) in place of ``rank``."""
+def watch_line(rank: Any, mode: str, how: str, reason: str = "", who: str | None = None,
+               rerun: str = "") -> str:
+    """``who`` names several ranks at once (``ranks 0-3``) in place of ``rank``; ``rerun``
+    says where an anomalous step cannot be re-run."""
     who = who or (f"rank {rank}" if rank is not None else "this process")
     if how == UNWATCHED:
         return f"{who}: not watched: {reason or 'no training step was recognised'}"
     text = f"{who}: {mode} mode, watched through {how}"
-    return f"{text} ({reason})" if reason else text
+    text = f"{text} ({reason})" if reason else text
+    return f"{text}; {rerun}" if rerun else text
 
 
 #: Set by ``rankscope launch`` to the file its own progress lines go to ("dev:inode"):

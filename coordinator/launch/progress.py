@@ -95,12 +95,12 @@ def watch_summary(watch: dict[str, dict], ranks: Any = ()) -> list[str]:
     """End-of-run lines: how each rank was watched, one line per way of watching (ranks
     watched alike share it, so a thousand-rank job does not print a thousand lines);
     ranks that never said are named."""
-    alike: dict[tuple[str, str, str], list[int]] = {}
+    alike: dict[tuple[str, str, str, str], list[int]] = {}
     for r, w in watch.items():
-        key = (str(w.get("mode", "?")), str(w.get("how", "?")), str(w.get("reason") or ""))
+        key = (str(w.get("mode", "?")), str(w.get("how", "?")), str(w.get("reason") or ""), str(w.get("rerun") or ""))
         alike.setdefault(key, []).append(int(r))
-    lines = [watch_line(None, *key, who=rank_span(sorted(rs)))
-             for key, rs in sorted(alike.items(), key=lambda kv: min(kv[1]))]
+    lines = [watch_line(None, mode, how, reason, who=rank_span(sorted(rs)), rerun=rerun)
+             for (mode, how, reason, rerun), rs in sorted(alike.items(), key=lambda kv: min(kv[1]))]
     silent = sorted({int(r) for r in ranks} - {int(r) for r in watch})
     if silent:
         lines.append(f"{rank_span(silent)}: watch status unknown (never reported one)")

@@ -179,7 +179,8 @@ class CoordinatorCore:
 
     def on_watch(self, job: str, rank: int, detail: dict[str, Any]) -> None:
         """The rank said how it is watched (validated by the wire decoder)."""
-        self.aligner.rank(job, rank).watch = {k: detail[k] for k in ("mode", "how", "reason")}
+        watch = {k: detail[k] for k in ("mode", "how", "reason")}
+        self.aligner.rank(job, rank).watch = watch | ({"rerun": detail["rerun"]} if detail.get("rerun") else {})
 
     def on_rank_finished(self, job: str, rank: int, last_step: int | None = None) -> None:
         rec = self.aligner.rank(job, rank)

@@ -126,7 +126,10 @@ class IncidentBook:
         rr = self.reruns.lookup(v.job, v.rank, v.step) if v.decided and v.rank >= 0 else None
         if rr is None and v.decided and v.detector in _VALUE_FINDINGS:
             rec = self.aligner.ranks.get((v.job, v.rank))
-            rr = rerun_facts.compiled(v.rank, v.step, str((rec.watch or {}).get("mode"))) if rec else None
+            watch = (rec.watch or {}) if rec else {}
+            # A compiled whole step says so in its watch line; GRAPH ranks always run so.
+            compiled = watch.get("rerun") or watch.get("mode") == rerun_facts.GRAPH
+            rr = rerun_facts.compiled(v.rank, v.step, str(watch.get("mode"))) if compiled else None
         if rr is None:
             return policy
         strikes = self.reruns.strikes(v.job).get(str(v.rank))

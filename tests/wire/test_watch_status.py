@@ -138,3 +138,22 @@ def test_eager_steps_reduced_without_a_reducer_say_local_gradients_are_not_seen(
     w = r.current()
     assert (w.mode, w.how, w.reason) == (PYNATIVE, "hooks", GRADS_UNSEEN)
     assert w.line(2).endswith(f"watched through hooks ({GRADS_UNSEEN})")
+
+
+def test_a_rank_whose_whole_step_runs_compiled_says_it_cannot_be_re_run():
+    from rankscope.probe.watch import GRAPH, JIT, WatchReporter
+    r = WatchReporter()
+    r.graph_steps = 2
+    w = r.current()
+    assert w.mode == GRAPH and w.line(3).endswith(
+        "; no re-run on an anomaly: steps run compiled (GRAPH), with the backward and the optimizer in one graph: "
+        "nothing can be re-run before the update")
+    assert Decoder("j").decode_or_raise(frame(w.detail(3))).body["detail"]["rerun"] == w.rerun
+    r.graph_steps, r.jit_steps = 0, 2  # the whole step inside @ms.jit
+    assert r.current().mode == JIT and "compiled (PyNative+jit)" in r.current().rerun
+    r.jit_steps, r.eager_steps, r.jit_compiles = 0, 2, 1  # eager steps with jit parts: a re-run can be tried
+    assert r.current().rerun == "" and "re-run" not in r.current().line(3)
+    core = CoordinatorCore({}, clock=lambda: 0.0, wall_clock=lambda: 0.0)
+    core.on_watch("j", 1, {**GOOD, "rank": 1, "rerun": "no re-run on an anomaly: x"})
+    watch = core.status()["jobs"]["j"]["ranks"]["1"]["watch"]
+    assert watch_summary({"1": watch}, ["1"]) == ["rank 1: GRAPH mode, watched through the kernel dump; no re-run on an anomaly: x"]
