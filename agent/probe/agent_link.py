@@ -42,14 +42,34 @@ def export_bundle(dbg: Any, incident_id: str) -> list:
     """The coordinator asked for this rank's bundle: write it (the client sends it, then
     deletes this copy)."""
     from rankscope.client.transfers import export_scratch
-    from rankscope.rdr.bundle import write_bundle
+    from rankscope.rdr.bundle import reserve_bundle_dir, write_bundle
     dbg.writer.pin_kept()  # the local dump around the incident stays for rankscope collect
     # Written only to be sent: the incident folder keeps the one copy.
     root = export_scratch(incident_id)
-    bundle = write_bundle(root, dbg.rank if dbg.rank is not None else dbg._label,  # noqa: SLF001
-                          reason=f"export for incident {incident_id}", steps=dbg.flight_recorder or (),
-                          config=dbg.config.to_dict())
+    label = dbg.rank if dbg.rank is not None else dbg._label  # noqa: SLF001
+    directory = reserve_bundle_dir(root, label)
+    _carry_replay(dbg, directory)
+    bundle = write_bundle(root, label, reason=f"export for incident {incident_id}", steps=dbg.flight_recorder or (),
+                          config=dbg.config.to_dict(), directory=directory)
     return [p for p in Path(bundle).rglob("*") if p.is_file()]
+
+
+def _carry_replay(dbg: Any, directory: Path) -> None:
+    """The record of the rank's latest re-run step goes out with its bundle (bounded by
+    replay_files.MAX_BYTES), so ``rankscope rerun`` works from the incident folder alone.
+    The bundle files already in the folder join its manifest."""
+    import shutil
+
+    from rankscope.wire import replay_files
+    if dbg.rank is None:
+        return
+    try:
+        src = replay_files.newest(dbg.config.dump_path, int(dbg.rank))
+        if src is not None:
+            shutil.copytree(src, replay_files.bundle_copy(directory, int(src.name[4:])))
+    except OSError as exc:  # the bundle goes out without it; rerun says the record is missing
+        import sys
+        print(f"[rankscope] the replay record could not join the bundle: {exc}", file=sys.stderr, flush=True)
 
 
 def say_layout(dbg: Any) -> None:

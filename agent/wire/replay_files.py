@@ -26,6 +26,8 @@ from typing import Any
 import numpy as np
 
 MAX_BYTES = 256 << 20
+#: The folder of replay records, under a dump path and inside an exported bundle.
+REPLAY = "replay"
 FORMAT = 1
 #: Set by ``rankscope rerun`` in the process it starts: the record to replay, and where
 #: the replay writes what came out.
@@ -34,7 +36,28 @@ OUT_ENV = "RANKSCOPE_REPLAY_OUT"
 
 
 def replay_dir(dump_path: str | os.PathLike, rank: int, step: int) -> Path:
-    return Path(dump_path) / "replay" / f"rank{int(rank)}" / f"step{int(step)}"
+    return Path(dump_path) / REPLAY / f"rank{int(rank)}" / f"step{int(step)}"
+
+
+def newest(dump_path: str | os.PathLike, rank: int) -> Path | None:
+    """The rank's record of its latest re-run step, if it kept one."""
+    steps = []
+    for d in replay_dir(dump_path, rank, 0).parent.glob("step*"):
+        if d.name[4:].isdigit() and (d / "meta.json").is_file():
+            steps.append((int(d.name[4:]), d))
+    return max(steps)[1] if steps else None
+
+
+def bundle_copy(bundle: Path, step: int) -> Path:
+    """Where an exported bundle carries the record of ``step``."""
+    return Path(bundle) / REPLAY / f"step{int(step)}"
+
+
+def find_in_bundle(rank_dir: str | os.PathLike, step: int) -> Path | None:
+    """The record of ``step`` inside a rank's exported bundle (``rank_<R>/rdr*/replay/``)."""
+    for meta in sorted(Path(rank_dir).glob(f"rdr*/{REPLAY}/step{int(step)}/meta.json")):
+        return meta.parent
+    return None
 
 
 def crc(arr: np.ndarray) -> int:

@@ -27,6 +27,7 @@ from typing import Any
 from rankscope.coordinator.launch.env import ATTACH_DIR
 from rankscope.wire import replay_files, rerun_facts
 from rankscope.wire.job_config import CONFIG_ENV, DUMP_PATH_ENV
+from rankscope.wire.layout import incident_rank_dir
 from rankscope.wire.ports import free_port
 
 
@@ -98,6 +99,12 @@ def _record(incident: Path, given: Path | None) -> tuple[dict, Path]:
         why = rr.get("line") if isinstance(rr, dict) else "its records looked normal before its reduction"
         raise ValueError(f"{incident}: {who} did not re-run that step ({why}), so there is nothing to replay")
     record = given or (Path(rr["replay"]) if rr.get("replay") else None)
+    if record is not None and given is None and not (record / "meta.json").is_file():
+        # Not on this machine: the copy the rank's exported bundle carries.
+        rank, step = doc.get("first_diverging_rank"), doc.get("step")
+        copy = replay_files.find_in_bundle(incident_rank_dir(incident, int(rank)), int(step)) \
+            if isinstance(rank, int) and isinstance(step, int) else None
+        record = copy or record
     if record is None:
         raise ValueError(f"{incident}: {who} re-ran the step but kept no replay record of it (an argument that "
                          "is neither a tensor nor a plain value, or bfloat16 data)")

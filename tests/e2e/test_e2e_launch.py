@@ -100,6 +100,11 @@ def test_a_value_corrupted_once_is_transient_and_skip_trains_as_a_clean_run(tmp_
     assert "re-run   : transient on rank 2: rank 2 saw a loss that is not finite at step 5" in proc.stdout
     assert "re-runs of anomalous steps: rank 2: 1 transient (step 5)" in proc.stdout
     assert "replayed :" not in proc.stdout  # a one-off is settled by the rank's own re-run
+    # The record rides in rank 2's exported bundle: the offline replay works from the
+    # incident folder alone once the rank's own copy is gone.
+    assert list((Path(inc["_dir"]) / "rank_2").glob("rdr*/replay/step5/meta.json")), _explain(proc, out)
+    local = Path(rerun["replay"])
+    local.rename(local.with_name("moved-away"))
     offline = _rerun(inc["_dir"])
     assert offline.returncode == 0 and offline.stdout.startswith("transient on rank 2: step 5 reproduces neither"), \
         offline.stdout + offline.stderr

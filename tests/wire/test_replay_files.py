@@ -3,6 +3,7 @@ read back as written, and every damaged part named."""
 from __future__ import annotations
 
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -48,3 +49,18 @@ def test_damaged_records_name_the_file(tmp_path):
     (where / "meta.json").write_text("{")
     with pytest.raises(ValueError, match="meta.json: not valid JSON"):
         replay_files.load(where)
+
+
+def test_the_newest_record_is_found_and_a_bundle_copy_is_found_by_step(tmp_path):
+    for step in (3, 12, 7):
+        replay_files.save(replay_files.replay_dir(tmp_path / "dump", 2, step), {"rank": 2, "step": step},
+                          {"arg0": np.zeros(3, np.float32)}, {"w": np.ones(2, np.float32)})
+    (replay_files.replay_dir(tmp_path / "dump", 2, 40)).mkdir()  # begun, never written: not a record
+    assert replay_files.newest(tmp_path / "dump", 2).name == "step12"
+    assert replay_files.newest(tmp_path / "dump", 5) is None
+    bundle = tmp_path / "incident" / "rank_2" / "rdr"
+    shutil.copytree(replay_files.newest(tmp_path / "dump", 2), replay_files.bundle_copy(bundle, 12))
+    assert replay_files.find_in_bundle(tmp_path / "incident" / "rank_2", 12) == bundle / "replay" / "step12"
+    assert replay_files.find_in_bundle(tmp_path / "incident" / "rank_2", 3) is None
+    meta, inputs, params = replay_files.load(replay_files.find_in_bundle(tmp_path / "incident" / "rank_2", 12))
+    assert meta["step"] == 12 and params["w"].tolist() == [1.0, 1.0]
