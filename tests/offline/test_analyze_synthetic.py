@@ -110,3 +110,12 @@ def test_replica_sets_from_the_command_line_are_learned_apart(tmp_path):
     assert [(i["detector"], i["first_diverging_rank"], i["step"]) for i in got.incidents] == [("replica", 2, 3)]
     # Without the sets the shards look like activations: only the columns left unsharded are learned.
     assert analyze(root, tmp_path / "b").replicated < got.replicated
+
+
+def test_a_wide_tree_is_read_by_worker_processes_to_the_same_verdict(tmp_path):
+    root = write_tree(tmp_path / "dump", ranks=20, steps=4, layers=2, fault=("scale", 13, 3))
+    alone = Analyzer(find_dumps([root]), tmp_path / "a", None, jobs=1, say=lambda m: None).run()
+    pooled = Analyzer(find_dumps([root]), tmp_path / "b", None, jobs=2, say=lambda m: None).run()
+    pick = [(i["detector"], i["first_diverging_rank"], i["step"], i["tensor"]) for i in alone.incidents]
+    assert pick and pick[0][1:3] == (13, 3)
+    assert [(i["detector"], i["first_diverging_rank"], i["step"], i["tensor"]) for i in pooled.incidents] == pick
