@@ -46,12 +46,16 @@ def main(argv: list[str]) -> int:
     try:
         cluster = _cluster(args.config, args.groups)
         tree = find_dumps(args.roots)
+        alone = _check_groups(cluster.get("groups"), tree.ranks)
         args.out.mkdir(parents=True, exist_ok=True)
     except (ConfigError, TreeError, OSError, ValueError) as exc:
         print(f"rankscope analyze: {exc}", file=sys.stderr)
         return 2
     for note in tree.notes:
         say(f"note: {note}")
+    if alone:
+        say(f"note: {rank_span(alone)} {'is' if len(alone) == 1 else 'are'} in no replica set of --groups: "
+            "no other rank is expected to hold the same weights")
     steps = tree.steps
     say(f"reading {len(tree.ranks)} rank(s) ({rank_span(tree.ranks)}), {len(steps)} step(s) "
         f"({steps[0]}-{steps[-1]}) from {', '.join(map(str, args.roots))}")
@@ -76,6 +80,19 @@ def _cluster(config: Path | None, groups: str | None) -> dict[str, Any]:
     return section
 
 
+def _check_groups(groups: Any, ranks: list[int]) -> list[int]:
+    """Replica sets naming ranks the tree does not have are refused; the tree's ranks in
+    no set are returned (said once)."""
+    if not isinstance(groups, list):
+        return []
+    named = {r for g in groups if isinstance(g, list) for r in g if isinstance(r, int)}
+    unknown = sorted(named - set(ranks))
+    if unknown:
+        raise ConfigError("cluster.groups", groups, f"{rank_span(unknown)} have no dump in the tree "
+                                                    f"(it holds {rank_span(ranks)})")
+    return sorted(set(ranks) - named)
+
+
 def report(result: Analysis) -> int:
     """The terminal's lines; the exit status."""
     head = ", ".join(f"{k} {'/'.join(sorted(v))}" for k, v in result.header.items() if v)
@@ -91,7 +108,7 @@ def report(result: Analysis) -> int:
             say(f"DIVERGENCE: {shown(inc.get('detector'))} names rank {shown(inc.get('first_diverging_rank'))} "
                 f"at step {shown(inc.get('step'))} ({what_of(inc)})")
     if found:
-        print(format_verdict(found[0]), flush=True)
+        print(format_verdict(found[0], "the bundles are the ranks' dump folders of that step"), flush=True)
     ranks, steps = result.tree.ranks, result.steps_read
     span = f"{len(ranks)} rank(s) ({rank_span(ranks)}), steps {steps[0]}-{steps[-1]}" if steps else "no step"
     missed = _not_read_text(result.not_read)

@@ -134,7 +134,11 @@ def what_of(incident: dict[str, Any]) -> str:
     return str(ev.get("manner") or ev.get("rule") or "—")
 
 
-def format_verdict(incident: dict[str, Any]) -> str:
+#: What an undecided verdict adds about the job: a live job runs on.
+LIVE_UNDECIDED = "the job was left running; the bundles are exported"
+
+
+def format_verdict(incident: dict[str, Any], undecided_note: str = LIVE_UNDECIDED) -> str:
     """The end-of-run verdict: the one line a user reads, then where everything is."""
     ties = incident.get("ties") or []
     tie_note = f" (tied with rank(s) {', '.join(map(str, ties))})" if ties else ""
@@ -143,8 +147,7 @@ def format_verdict(incident: dict[str, Any]) -> str:
     head = f"rank {shown(incident.get('first_diverging_rank'))} {'failed' if failed else 'diverged'} first{tie_note}"
     split = undecided(incident)
     if split:
-        head = (f"no rank named: {rank_span(split)} disagree, and nothing tells which is wrong (the job was "
-                "left running; the bundles are exported)")
+        head = f"no rank named: {rank_span(split)} disagree, and nothing tells which is wrong ({undecided_note})"
     if incident.get("detector") == "manual":
         head = f"no divergence named: bundles exported on an operator's request at step {shown(incident.get('step'))}"
     lines = [

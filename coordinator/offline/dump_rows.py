@@ -16,9 +16,10 @@ are compared by the bits of their statistics, and md5 stays for ``msprobe compar
 
 Kinds, from the entry's name: ``parameters_grad`` -> a rank's own gradient
 (GRAD_LOCAL), ``.backward`` and a graph kernel under ``Gradients`` -> BACKWARD,
-``.debug`` (``save``) -> SAVED, ``parameters`` of a module -> PARAM, rankscope's own
-``Sentinel.<kind>.`` records by their kind, the rest FORWARD. Which columns the ranks
-must hold bit for bit is learned across ranks (:mod:`.replicas`), not guessed per file.
+``.debug`` (``save``) -> SAVED, rankscope's own ``Sentinel.<kind>.`` records by their
+kind, the rest FORWARD, a module's ``parameters`` included. Which columns the ranks must
+hold bit for bit is learned across ranks (:mod:`.replicas`), not taken from a name: in a
+tensor-parallel job the shards of one weight differ by design.
 """
 from __future__ import annotations
 
@@ -116,8 +117,9 @@ class _Rows:
             elif key == "output":
                 self.walk(f"{name}.output", value, kind)
             elif key == "parameters" and isinstance(value, dict):
+                # Not taken for replicated by name: shards of one weight differ by design.
                 for k, v in value.items():
-                    self.walk(f"{name}.parameters.{k}", v, Kind.PARAM, single=True)
+                    self.walk(f"{name}.parameters.{k}", v, kind, single=True)
             elif name.endswith(".debug"):
                 self.walk(f"{name}.{key}", value, kind, single=True)
         if _is_tensor(body):  # a save() entry of one tensor, or a Sentinel record

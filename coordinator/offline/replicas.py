@@ -10,6 +10,10 @@ rank of every replica set holding it holds the same value, and that value change
 one learning step to the next. Those columns are judged as parameters (``Kind.PARAM``)
 from then on: the replica detector names the rank that leaves its set's value.
 
+The outputs of random-number APIs (dropout's mask, ``rand``, ``normal``, ...) are never
+learned: ranks seeded alike draw alike until one of them does not (MindSpore's CPU
+dropout gave one rank of a clean job another mask at step 3 after three equal ones).
+
 Why so strict: a mask of 0s and 1s has the same statistics on most ranks by chance (a
 majority rule took one for a weight), and an all-ones attention mask is equal on every
 rank until one batch is padded. Requiring every rank and a change between steps keeps
@@ -19,6 +23,8 @@ the outlier detector), and a frozen weight (never updated) is not checked.
 """
 from __future__ import annotations
 
+import re
+
 import numpy as np
 
 from rankscope.coordinator.offline.dump_rows import RankStep
@@ -27,6 +33,14 @@ from rankscope.wire.records import Kind
 #: Steps a column must be held alike in before it is judged as replicated.
 LEARN_STEPS = 2
 _LEARNABLE = frozenset({int(Kind.FORWARD), int(Kind.BACKWARD), int(Kind.GRAD_LOCAL)})
+#: API names (the second field of msProbe's entry name) that draw random numbers.
+_RANDOM = re.compile(r"(?i)dropout|rand|normal\b|uniform|bernoulli|multinomial|shuffle|gamma|poisson")
+
+
+def random_api(name: str) -> bool:
+    """Whether a row belongs to a call of a random-number API (``Primitive.dropout.Dropout.1...``)."""
+    parts = name.split(".", 3)
+    return any(_RANDOM.search(p) for p in parts[1:3])
 
 
 class ReplicaLearner:
@@ -49,7 +63,7 @@ class ReplicaLearner:
         for rank, rs in rows.items():
             raw = np.ascontiguousarray(rs.stats).view(np.uint64)
             for i, name in enumerate(rs.names):
-                if int(rs.kinds[i]) in _LEARNABLE:
+                if int(rs.kinds[i]) in _LEARNABLE and not random_api(name):
                     sigs.setdefault(name, {})[rank] = (raw[i].tobytes() + int(rs.numel[i]).to_bytes(8, "little")
                                                        + int(rs.crc[i]).to_bytes(8, "little", signed=True))
         for name, by_rank in sigs.items():

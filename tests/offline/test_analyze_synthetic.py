@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from rankscope.coordinator.offline.dump_rows import read_rank_step
@@ -15,6 +16,7 @@ from rankscope.coordinator.offline.replicas import ReplicaLearner
 from rankscope.coordinator.offline.run import Analyzer
 from rankscope.coordinator.offline.synthetic_tree import write_tree
 from rankscope.coordinator.offline.tree import find_dumps
+from rankscope.wire.records import Kind
 
 
 def analyze(root, out, cluster=None):
@@ -119,3 +121,30 @@ def test_a_wide_tree_is_read_by_worker_processes_to_the_same_verdict(tmp_path):
     pick = [(i["detector"], i["first_diverging_rank"], i["step"], i["tensor"]) for i in alone.incidents]
     assert pick and pick[0][1:3] == (13, 3)
     assert [(i["detector"], i["first_diverging_rank"], i["step"], i["tensor"]) for i in pooled.incidents] == pick
+
+
+def test_a_random_mask_alike_on_every_rank_is_not_learned_as_a_weight(tmp_path):
+    root = write_tree(tmp_path / "dump", ranks=4, steps=2, layers=1)
+    learner = ReplicaLearner(None)
+    for step in range(2):
+        got = {r: read_rank_step(root / f"step{step}" / f"rank{r}") for r in range(4)}
+        for r in range(4):  # a dropout mask drawn alike by ranks seeded alike
+            rs = got[r]
+            rs.names.append("Primitive.dropout.Dropout.0.forward.output.1")
+            rs.kinds = np.append(rs.kinds, np.uint8(Kind.FORWARD))
+            rs.stats = np.vstack([rs.stats, [[2.0, 0.0, 1.0 + step, 9.0]]])
+            rs.numel, rs.crc = np.append(rs.numel, 64), np.append(rs.crc, -1)
+        learner.observe(got)
+    learned = learner.replicated()
+    assert "Functional.linear.0.forward.input.1" in learned
+    assert "Primitive.dropout.Dropout.0.forward.output.1" not in learned
+
+
+def test_groups_naming_ranks_the_tree_lacks_are_refused(tmp_path):
+    root = write_tree(tmp_path / "dump", ranks=4, steps=2, layers=1)
+    proc = subprocess.run([sys.executable, "-m", "rankscope", "analyze", str(root), "--out", str(tmp_path / "o"),
+                           "--groups", "[[0, 2], [1, 3], [5, 6]]"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "ranks 5, 6 have no dump in the tree (it holds ranks 0-3)" in proc.stderr
+    proc = subprocess.run([sys.executable, "-m", "rankscope", "analyze", str(root), "--out", str(tmp_path / "o"),
+                           "--groups", "[[0, 2], [1]]"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and "rank 3 is in no replica set of --groups" in proc.stdout, proc.stdout

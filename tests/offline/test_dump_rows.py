@@ -26,6 +26,8 @@ DATA = {
     "Distributed.all_reduce.0.forward": {"input_args": [leaf(1, 0, 0.5, 1)], "input_kwargs": {},
                                          "output": [[leaf(4, 0, 2, 4), leaf(1, 1, 1, 1, ())]]},
     "Module.fc.Linear.backward.0": {"input": [leaf(0.2, -0.2, 0, 0.3)], "output": [None]},
+    "Cell.fc.Dense.forward.0": {"input_args": [], "output": [],
+                                "parameters": {"weight": leaf(0.4, -0.4, 0, 1, (2, 4))}},
     "Module.fc.Linear.parameters_grad.0": {"weight": [leaf(0.1, -0.1, 0, 0.2, (2, 4))],
                                            "bias": [leaf(0.1, -0.1, 0, 0.2, (2,))]},
     "probe.0.debug": leaf(float("nan"), float("nan"), float("nan"), float("nan")),
@@ -49,7 +51,7 @@ def test_rows_are_named_as_msprobe_compare_names_them_in_file_order(tmp_path):
         "Tensor.view.0.forward.input.0", "Tensor.view.0.forward.output.0",
         "Distributed.all_reduce.0.forward.input.0", "Distributed.all_reduce.0.forward.output.0.0",
         "Distributed.all_reduce.0.forward.output.0.1",
-        "Module.fc.Linear.backward.0.input.0",
+        "Module.fc.Linear.backward.0.input.0", "Cell.fc.Dense.forward.0.parameters.weight",
         "Module.fc.Linear.parameters_grad.0.weight", "Module.fc.Linear.parameters_grad.0.bias",
         "probe.0.debug", "Tensor.add.0.forward.input.0", "Tensor.add.0.forward.output.0"]
     kinds = dict(zip(rs.names, rs.kinds.tolist()))
@@ -57,6 +59,9 @@ def test_rows_are_named_as_msprobe_compare_names_them_in_file_order(tmp_path):
     assert kinds["Module.fc.Linear.parameters_grad.0.weight"] == Kind.GRAD_LOCAL
     assert kinds["probe.0.debug"] == Kind.SAVED
     assert kinds["Functional.linear.0.forward.input.1"] == Kind.FORWARD
+    # A module's parameters are learned as replicated or not, never taken so by name: the
+    # shards of a tensor-parallel weight differ by design.
+    assert kinds["Cell.fc.Dense.forward.0.parameters.weight"] == Kind.FORWARD
     assert (rs.framework, rs.task, rs.level) == ("pytorch", "statistics", "mix")
     i = rs.names.index("Functional.linear.0.forward.output.0")
     assert rs.stats[i].tolist() == [3, -3, 0.1, 5] and rs.numel[i] == 8 and rs.crc[i] == NO_CRC
