@@ -157,3 +157,8 @@ def test_nan_in_one_ranks_batch_is_traced_to_its_first_kernel_and_its_kernels_ar
         assert np.isnan(np.load(first)).any() == (r == 2), first
     kept = sorted(p.name for p in dumps.glob("rank_1/*/step_3/*.npy"))
     assert kept == sorted(p.name for p in (out / "local_dump").glob("rank_1/*/step_3/*.npy")) and kept
+    # The collected tree read offline gives the live verdict's rank, step and kernel.
+    offline = subprocess.run([sys.executable, "-m", "rankscope", "analyze", str(dumps), "--out",
+                              str(tmp_path / "analysis")], capture_output=True, text=True, timeout=300)
+    assert offline.returncode == 86 and "level L2" in offline.stdout, offline.stdout + offline.stderr
+    assert f"DIVERGENCE: nan_origin names rank 2 at step 3 ({inc['tensor']})" in offline.stdout, offline.stdout
