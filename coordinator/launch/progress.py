@@ -171,7 +171,7 @@ def format_verdict(incident: dict[str, Any], undecided_note: str = LIVE_UNDECIDE
             lines.append("  others   : when it died, " + ", ".join(_other(o, delays.get(o["rank"])) for o in others))
     else:
         lines.append(f"  tensor   : {incident.get('tensor') or '—'}")
-    rule = ev.get("rule")
+    rule = _rule_text(incident.get("detector"), ev)
     if rule:
         lines.append(f"  rule     : {rule}")
     if ev.get("hint"):
@@ -187,6 +187,20 @@ def format_verdict(incident: dict[str, Any], undecided_note: str = LIVE_UNDECIDE
         lines.append(f"  bundles  : {len(bundles)} rank bundle(s): "
                      + ", ".join(f"rank {r}" for r in sorted(bundles, key=lambda r: int(r))))
     return "\n".join(lines)
+
+
+_OUTLIER_RULES = {"peer": "far from the other ranks' median", "history": "far from its own recent history"}
+
+
+def _rule_text(detector: Any, ev: dict[str, Any]) -> str:
+    """The rule as a sentence: an outlier's rule is a code (``peer``, ``history``)."""
+    rule = ev.get("rule")
+    if detector != "outlier" or not isinstance(rule, str):
+        return str(rule or "")
+    words = " and ".join(_OUTLIER_RULES[p] for p in rule.split("+") if p in _OUTLIER_RULES)
+    ratio = ev.get("ratio_to_median")
+    size = f" ({ratio:.3g}x the median {ev.get('value') or 'Norm'})" if isinstance(ratio, (int, float)) else ""
+    return f"{rule}: {words}{size}" if words else rule
 
 
 def _delay(d: Any) -> str:

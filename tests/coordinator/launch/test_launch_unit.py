@@ -313,3 +313,12 @@ def test_msruns_logs_are_linked_one_by_one_and_a_later_run_replaces_the_links(tm
     assert [p.name for p in folder.iterdir()] == ["worker_0.log"] and (folder / "worker_0.log").read_text() == "run 2\n"
     assert WorkerLogLinks.for_command(["msrun", "--log_dir=out/own", "t.py"], tmp_path, out) is None
     assert WorkerLogLinks.for_command(["python", "t.py"], tmp_path, out) is None
+
+
+def test_an_outlier_rule_reads_as_a_sentence_with_its_size():
+    text = format_verdict({"first_diverging_rank": 2, "detector": "outlier", "step": 3, "tensor": "t",
+                           "evidence": {"rule": "peer+history", "ratio_to_median": 61.84, "value": "Norm"}})
+    assert "  rule     : peer+history: far from the other ranks' median and far from its own recent history " \
+           "(61.8x the median Norm)" in text
+    assert "  rule     : first non-finite record" in format_verdict(
+        {"first_diverging_rank": 2, "detector": "nan_origin", "step": 3, "evidence": {"rule": "first non-finite record"}})
