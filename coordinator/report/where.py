@@ -1,7 +1,8 @@
 """Where the named tensor sits: its module path (msProbe's construct.json) and the code
 that ran it (stack.json), read from the dump of the named step on the named rank.
 
-The dump is looked for in the rank's bundle first, then in the export folder's local
+The dump is looked for in the rank's bundle first (offline, the bundle is the rank's dump
+folder itself), then in the export folder's local
 dump (``local_dump/step{N}/rank{R}/``, what ``rankscope launch`` writes), then where the
 rank's config said it dumped. A step without a dump (a rank that died in it) falls back
 to the nearest earlier step: the model's structure does not change between steps.
@@ -18,16 +19,20 @@ from rankscope.wire.layout import bundle_dirs, dump_label, step_dir_name
 
 #: Earlier steps tried when the named step has no dump.
 LOOK_BACK = 4
-_CELL = re.compile(r"^(?P<node>Cell\.(?P<path>.+)\.(?P<cls>[A-Za-z_]\w*)\.(?P<dir>forward|backward|parameters_grad)"
+_CELL = re.compile(r"^(?P<node>(?:Cell|Module)\.(?P<path>.+)\.(?P<cls>[A-Za-z_]\w*)\.(?P<dir>forward|backward|parameters_grad)"
                    r"\.(?P<n>\d+))(?:\.|$)")
 _SENTINEL = re.compile(r"^Sentinel\.[a-z_0-9]+\.(?:moment\d\.)?(?P<param>.+)$")
 _FRAME = re.compile(r'^File "?(?P<file>[^,"]+)"?, line (?P<line>\d+), in (?P<func>[^,]+),?\s*\n?\s*(?P<code>.*)$', re.S)
 
 
-def find_dump(incident_dir: Path, rank: Any, step: Any, bundle_config: dict | None = None) -> Path | None:
-    """The folder holding construct.json/stack.json for (rank, step), or None."""
+def find_dump(incident_dir: Path, rank: Any, step: Any, bundle_config: dict | None = None,
+              bundle: Any = None) -> Path | None:
+    """The folder holding construct.json/stack.json for (rank, step), or None. ``bundle``:
+    the rank's bundle path, which offline (``rankscope analyze``) is its dump folder itself."""
     if not isinstance(step, int) or rank is None:
         return None
+    if isinstance(bundle, str) and any((Path(bundle) / f).is_file() for f in ("construct.json", "stack.json")):
+        return Path(bundle)
     roots = [incident_dir / f"rank_{rank}", incident_dir.parent.parent / "local_dump"]
     dump_path = (bundle_config or {}).get("dump_path")
     if isinstance(dump_path, str) and dump_path:
@@ -123,7 +128,7 @@ def where_section(incident: dict, incident_dir: Path, bundle_config: dict | None
     tensor, rank, step = incident.get("tensor"), incident.get("first_diverging_rank"), incident.get("step")
     if not tensor:
         return stacks_section(incident, incident_dir, link)
-    folder = find_dump(incident_dir, rank, step, bundle_config)
+    folder = find_dump(incident_dir, rank, step, bundle_config, (incident.get("bundles") or {}).get(str(rank)))
     if folder is None:
         return muted(f"No construct.json or stack.json found for rank {rank} near step {step} (statistics-only "
                      "capture, or the dump is on the rank's host and was not collected: "

@@ -102,3 +102,12 @@ def test_mindspore_msprobe_trees_made_here_name_the_fault_and_before_it_are_clea
         shutil.copytree(dump / f"step{step}", clean / f"step{step}")
     proc, incidents = analyze(clean, tmp_path / "out_clean")
     assert proc.returncode == 0 and not incidents, proc.stdout
+
+
+def test_the_report_shows_the_module_and_the_code_from_msprobes_own_construct_and_stack(torch_trees, tmp_path):
+    analyze(torch_trees / "drift_weight", tmp_path / "out")
+    (page,) = list((tmp_path / "out" / "incidents").glob("*/report.html"))
+    html = page.read_text()
+    where = html[html.index('id="where"'):]
+    assert "Module.3.Linear.forward.0" in where  # model[3], the layer whose weight drifted
+    assert "make_torch_fixture.py" in where and "mse_loss(model(x), y)" in where
