@@ -10,7 +10,9 @@ rate over the first and the last fifth of the steps, then the targets:
 
 - disk and file count flat once the local dump's window is full;
 - rank RSS slope no worse than the unwatched job's + 1 KB a step (1 MB per 1,000 steps);
-- step rate at the end >= 0.95x its rate at the start.
+- step rate at the end >= 0.95x its rate at the start;
+- no incident: the job is clean, so every verdict is a false alarm (launch runs with
+  ``--on-divergence continue`` so that one does not hold the job paused).
 
     .venv/bin/python bench/soak.py                       # a few minutes here
     .venv/bin/python bench/soak.py --steps 20000         # the hour-long run of the README
@@ -117,8 +119,9 @@ def run(steps: int, sample_s: float, watched: bool, work: Path, ranks: int = 4) 
     port = 30000 + os.getpid() % 5000 + (7 if watched else 0)
     msrun = ["msrun", f"--worker_num={ranks}", f"--local_worker_num={ranks}", f"--master_port={port}",
              f"--log_dir={log_dir}", "--join=True", str(SCRIPT)]
+    # continue: a verdict on this clean job (a false alarm, counted below) must not hold it paused.
     cmd = ([sys.executable, "-m", "rankscope", "launch", "--export-dir", str(out_dir / "export"), "--log",
-            str(out_dir / "command.log"), "--"] + msrun) if watched else msrun
+            str(out_dir / "command.log"), "--on-divergence", "continue", "--"] + msrun) if watched else msrun
     env = dict(os.environ, TRAIN_STEPS=str(steps))
     env.pop("TRAIN_FAULT", None)
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
@@ -213,6 +216,9 @@ def main() -> None:
         samples = run(args.steps, args.sample_s, watched, work)
         s = summarize(samples, args.steps, args.warmup, window if watched else None)
         s["wall_s"] = round(time.time() - t0, 1)
+        if watched:
+            found = sorted((work / name / "export" / "incidents").glob("*/incident.json"))
+            s["incidents"] = [p.parent.name for p in found]
         result[name] = s
         print(f"{name:9s} {s['steps_reached'] + 1} steps in {s['wall_s']} s: rank RSS "
               f"{s['rank_rss_kb_per_1k_steps']} KB / 1k steps; steps/s {s['steps_per_s_start']} -> "
@@ -228,7 +234,9 @@ def main() -> None:
         extra = w["rank_rss_kb_per_1k_steps"] - p["rank_rss_kb_per_1k_steps"]
         print(f"targets: rank RSS slope over the unwatched job's {extra:+.1f} KB / 1k steps (target <= +1000); "
               f"step rate end/start x{w['end_over_start']} (target >= 0.95; unwatched x{p['end_over_start']}); "
-              f"files after the window {w['disk_files_per_1k_steps']} / 1k steps (target flat)")
+              f"files after the window {w['disk_files_per_1k_steps']} / 1k steps (target flat); "
+              f"incidents on this clean job {len(w.get('incidents', []))} (target 0){': ' if w.get('incidents') else ''}"
+              + ", ".join(w.get("incidents", [])))
     print(json.dumps(result))
     if not args.keep:
         import shutil

@@ -14,6 +14,7 @@ from typing import Any, Callable
 from rankscope.probe import compile_guard, kernel_config
 from rankscope.probe.collectives import note_cell_collectives
 from rankscope.probe.graph_steps import JIT_STEP, PIJIT_STEP, GraphSteps, loss_of
+from rankscope.probe.stats import wait_for_device
 from rankscope.probe.watch import PIJIT_UNSEEN, WatchReporter
 
 log = logging.getLogger("rankscope.probe")
@@ -182,7 +183,7 @@ class GraphWatch:
         exists) while kernels still run and write there, and a folder read and deleted
         then fails the user's step when MindSpore writes its next file."""
         try:
-            _wait_for_device()
+            wait_for_device()
         except Exception as exc:  # noqa: BLE001 - not listed this step: read at the next one
             self.dbg.recorder.error("waiting for MindSpore to finish the step before reading its kernel dump", exc)
             return
@@ -249,10 +250,3 @@ def _mindsporeish(executor: Any) -> bool:
     fn = getattr(fn, "__func__", fn)
     return str(getattr(fn, "__module__", "")).startswith("mindspore.")
 
-
-def _wait_for_device() -> None:
-    try:
-        from mindspore.graph.api import _pynative_executor  # MindSpore >= 2.9
-    except ImportError:
-        from mindspore.common.api import _pynative_executor
-    _pynative_executor.sync()

@@ -116,6 +116,7 @@ class Sentinels:
         if only is None:
             self._snapshot_taken = True
         r = self.rec
+        _drain(r)
         state_rows = state
         r.resolve()  # keep record order: everything queued goes first
         for opt in [only] if only is not None else list(self.stepping):
@@ -133,6 +134,7 @@ class Sentinels:
         if not self.enabled or not self.record:
             return
         r = self.rec
+        _drain(r)
         for opt in [only] if only is not None else list(self.stepping):
             for name, p in self._layout_of(opt)[0]:
                 r.row_known(f"Sentinel.param_end.{name}", Kind.PARAM, _crc_only(p, now))
@@ -262,6 +264,15 @@ class Sentinels:
         for i, g in enumerate(grads):
             pname = names[i] if i < len(names) else str(i)
             r.row(f"{prefix}.{pname}", kind, g, crc=kind is Kind.GRAD_REDUCED)
+
+
+def _drain(rec: Recorder) -> None:
+    """Parameters and optimizer state are read only once MindSpore has finished writing them."""
+    from rankscope.probe.stats import wait_for_device
+    try:
+        wait_for_device()
+    except Exception as exc:  # noqa: BLE001 - read as it is; the verdict may then be wrong, said here
+        rec.error("waiting for MindSpore before reading the parameters", exc)
 
 
 def _stats_crc_later(p: Any) -> Any:

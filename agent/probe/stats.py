@@ -24,6 +24,19 @@ from rankscope.wire.array_stats import (  # noqa: F401 - the probe's stats are t
 )
 
 
+def wait_for_device() -> None:
+    """Wait until MindSpore has run everything queued. Reading a tensor waits for the ops
+    queued on that tensor, but not for a compiled graph still writing parameters in place
+    (an optimizer's ``construct`` runs as one): a read at the next step's start caught
+    Adam's moment half-written once in 80,000 rank-steps (same statistics, another
+    CRC-32), a replica split in a clean job."""
+    try:
+        from mindspore.graph.api import _pynative_executor  # MindSpore >= 2.9
+    except ImportError:
+        from mindspore.common.api import _pynative_executor
+    _pynative_executor.sync()
+
+
 def to_numpy(value: Any) -> tuple[np.ndarray, str]:
     """(host array, MindSpore dtype name) for a MindSpore tensor or array-like.
 
