@@ -75,6 +75,7 @@ def msprobe_job(out: Path, fault: str, **env: str) -> Path:
     full.pop("MINDSPORE_DUMP_CONFIG", None)
     full.update({"MSP_FAULT": fault, "MSP_DUMP": str(out / "dump"), "MSP_CFG_DIR": str(out / "cfg"),
                  "MSP_STEPS": "4", **env})
+    full["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{full.get('PATH', '')}"  # msrun
     proc = subprocess.run(msrun_command(4, out / "logs", HERE / "jobs" / "msprobe_ms_dp.py"), env=full,
                           capture_output=True, text=True, timeout=400)
     logs = "".join(p.read_text(errors="replace")[-1500:] for p in sorted((out / "logs").glob("worker_*.log")))
