@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from rankscope.wire.array_stats import (  # noqa: F401 - the probe's stats are these
-    _NP_TO_MS,
+    NP_TO_MS,
     TensorStats,
     array_stats,
     crc32_of,
@@ -49,7 +49,7 @@ def to_numpy(value: Any) -> tuple[np.ndarray, str]:
         arr = asnumpy()
     else:
         arr = np.asarray(value)
-        dtype_name = _NP_TO_MS.get(arr.dtype.name, arr.dtype.name)
+        dtype_name = NP_TO_MS.get(arr.dtype.name, arr.dtype.name)
     if arr.dtype.name == "bfloat16":
         arr = arr.view(np.uint16)
         dtype_name = "BFloat16"

@@ -61,7 +61,7 @@ def _ones(n: int, dtype: np.dtype) -> np.ndarray:
     return buf[:n]
 
 
-_NP_TO_MS = {"float32": "Float32", "float64": "Float64", "float16": "Float16", "int8": "Int8",
+NP_TO_MS = {"float32": "Float32", "float64": "Float64", "float16": "Float16", "int8": "Int8",
              "int16": "Int16", "int32": "Int32", "int64": "Int64", "uint8": "UInt8",
              "uint16": "UInt16", "uint32": "UInt32", "uint64": "UInt64", "bool": "Bool"}
 

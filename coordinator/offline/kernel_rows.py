@@ -16,11 +16,9 @@ from pathlib import Path
 import numpy as np
 
 from rankscope.coordinator.offline.dump_rows import DumpReadError, RankStep
-from rankscope.wire.array_stats import array_stats
+from rankscope.wire.array_stats import NP_TO_MS, array_stats
 from rankscope.wire.kernel_files import load_npy, parse_name
 from rankscope.wire.records import Kind
-
-_NP_TO_MS = {"float16": "Float16", "float32": "Float32", "float64": "Float64", "bool": "Bool"}
 
 
 def has_kernel_files(folder: str | os.PathLike) -> bool:
@@ -49,7 +47,7 @@ def read_kernel_step(folder: str | os.PathLike) -> RankStep:
         except (OSError, ValueError) as exc:
             bad.append(f"{kt.path.name}: {exc}")
             continue
-        st = array_stats(arr, _NP_TO_MS.get(arr.dtype.name, kt.dtype), crc=True)
+        st = array_stats(arr, NP_TO_MS.get(arr.dtype.name, kt.dtype), crc=True)
         kind = Kind.BACKWARD if kt.backward else Kind.FORWARD
         rows.append((kt.record_name, int(kind), st.row(), st.nan, st.inf, st.numel, st.crc))
     if not rows:

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+import numpy as np
+
 from rankscope.config.cluster import OnDivergence, parse_cluster
 from rankscope.coordinator.logic.core import CoordinatorCore
 from rankscope.coordinator.logic.incident import IncidentEvent
@@ -127,8 +129,6 @@ class Analyzer:
         self.result.steps_read.append(step)
 
     def _batch(self, rank: int, step: int, rs: RankStep, replicated: frozenset[str]) -> StepBatch:
-        import numpy as np
-
         table = self.names.setdefault(rank, NameTable())
         # One string object per name across ranks: a thousand ranks' tables share them.
         ids = [table.id_for(self._interned.setdefault(n, n)) for n in rs.names]

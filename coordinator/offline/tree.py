@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rankscope.coordinator.offline.dump_rows import DUMP_FILE
-from rankscope.wire.spans import rank_span
 
 _STEP = re.compile(r"^step(\d+)$")
 #: msProbe's static-graph (L2) layout: rank_{ID}/{timestamp}/step_{N}/ holding kernel .npy files.
@@ -45,15 +44,6 @@ class DumpTree:
     @property
     def ranks(self) -> list[int]:
         return sorted({r for by_rank in self.where.values() for r in by_rank})
-
-    def missing(self) -> dict[int, list[int]]:
-        """rank -> steps inside the tree's span for which it has no dump.json."""
-        steps, out = self.steps, {}
-        for r in self.ranks:
-            gone = [s for s in steps if r not in self.where[s]]
-            if gone:
-                out[r] = gone
-        return out
 
 
 def find_dumps(paths: list[str | os.PathLike]) -> DumpTree:
@@ -146,11 +136,3 @@ def _dirs(folder: Path) -> list[os.DirEntry]:
             return sorted((e for e in it if e.is_dir()), key=lambda e: e.name)
     except OSError:
         return []
-
-
-def missing_text(missing: dict[int, list[int]], most: int = 6) -> str:
-    """``rank 3: steps 5-7; rank 9: step 2`` for the terminal, bounded in length."""
-    parts = [f"rank {r}: step{'s' if len(s) > 1 else ''} {rank_span(s).removeprefix('ranks ').removeprefix('rank ')}"
-             for r, s in sorted(missing.items())[:most]]
-    more = len(missing) - most
-    return "; ".join(parts) + (f"; and {more} more rank(s)" if more > 0 else "")
