@@ -50,7 +50,7 @@ class RankBundles:
         key = self._key(entry)
         if final and key in self.written:
             return self.written[key]
-        from rankscope.rdr.bundle import write_bundle
+        from rankscope.rdr.bundle import reserve_bundle_dir, write_bundle
 
         rank = entry.assigned_rank if entry.assigned_rank is not None else dump_label(None, entry.pid)
         rec = self._recorders.get(key) or FlightRecorder(self.k)
@@ -61,8 +61,11 @@ class RankBundles:
             what = "rank_finished" if entry.state.value == "finished" else "rank_lost"
             ended["state"] = entry.state.value
             texts = {"thread_stacks.txt": stacks} if (stacks := _captured_stacks(entry)) else None
+            directory = reserve_bundle_dir(self.root / safe_id(entry.job), rank)
+            _carry_replay(entry, directory)
             path = write_bundle(self.root / safe_id(entry.job), rank, reason=reason, steps=rec, texts=texts,
-                                on_behalf=True, extra={what: ended, "rank_map": rank_map_document(rank_map)})
+                                on_behalf=True, extra={what: ended, "rank_map": rank_map_document(rank_map)},
+                                directory=directory)
         except Exception:  # never let one bundle take the agent down
             log.exception("could not write the bundle of rank %s (pid %d) on its behalf", rank, entry.pid)
             return None
@@ -91,6 +94,19 @@ class RankBundles:
         self._finished.append(key)
         while len(self._finished) > keep:
             self._recorders.pop(self._finished.pop(0), None)
+
+
+def _carry_replay(entry: RankEntry, directory: Path) -> None:
+    """The rank's latest replay record (its re-run status named the folder) goes into the
+    bundle, so ``rankscope rerun`` works from the incident folder after the rank ended."""
+    from rankscope.wire import replay_files
+    record = entry.extra.get("replay")
+    if not record:
+        return
+    try:
+        replay_files.carry(record, directory)
+    except OSError as exc:  # the bundle goes without it; rerun says the record is missing
+        log.warning("the replay record %s of rank %s could not join its bundle: %s", record, entry.assigned_rank, exc)
 
 
 def _captured_stacks(entry: RankEntry) -> str:

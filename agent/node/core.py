@@ -29,7 +29,7 @@ from rankscope.node.relay import QUESTIONS, ControlRelay
 from rankscope.node.settings import AgentSettings
 from rankscope.node.shard_route import ShardRouting
 from rankscope.node.stacks import StackRequests
-from rankscope.wire import layout_facts, protocol
+from rankscope.wire import layout_facts, protocol, rerun_facts
 from rankscope.wire.layout import position_file, rank_to_wire, safe_id
 from rankscope.wire.position import read_rank_file
 from rankscope.wire.protocol import Message, encode
@@ -180,6 +180,9 @@ class NodeCore(CoordinatorFrames):
                 entry.extra["state"] = "terminated"  # its exit that follows is not a loss
             if entry is not None and what == layout_facts.WHAT:
                 entry.extra["layout_status"] = msg.body  # said again to a coordinator that lost it
+            if entry is not None and what == rerun_facts.WHAT and (msg.body.get("detail") or {}).get("replay"):
+                # A bundle written for this rank once it has ended carries the record too.
+                entry.extra["replay"] = str(msg.body["detail"]["replay"])
             self.out.up.append((frame, key))
 
     def _end(self, e: RankEntry, exit_status: int | None, died_at: float | None = None) -> None:

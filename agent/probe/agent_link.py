@@ -58,15 +58,13 @@ def _carry_replay(dbg: Any, directory: Path) -> None:
     """The record of the rank's latest re-run step goes out with its bundle (bounded by
     replay_files.MAX_BYTES), so ``rankscope rerun`` works from the incident folder alone.
     The bundle files already in the folder join its manifest."""
-    import shutil
-
     from rankscope.wire import replay_files
     if dbg.rank is None:
         return
     try:
         src = replay_files.newest(dbg.config.dump_path, int(dbg.rank))
         if src is not None:
-            shutil.copytree(src, replay_files.bundle_copy(directory, int(src.name[4:])))
+            replay_files.carry(src, directory)
     except OSError as exc:  # the bundle goes out without it; rerun says the record is missing
         import sys
         print(f"[rankscope] the replay record could not join the bundle: {exc}", file=sys.stderr, flush=True)

@@ -53,6 +53,16 @@ def bundle_copy(bundle: Path, step: int) -> Path:
     return Path(bundle) / REPLAY / f"step{int(step)}"
 
 
+def carry(record: str | os.PathLike, bundle: str | os.PathLike) -> Path | None:
+    """Copy a kept record (``.../step<S>``) into a bundle folder; None when there is none
+    to copy. OSError when the copy fails."""
+    import shutil
+    src = Path(record)
+    if not src.name[4:].isdigit() or not (src / "meta.json").is_file():
+        return None
+    return Path(shutil.copytree(src, bundle_copy(Path(bundle), int(src.name[4:])), dirs_exist_ok=True))
+
+
 def find_in_bundle(rank_dir: str | os.PathLike, step: int) -> Path | None:
     """The record of ``step`` inside a rank's exported bundle (``rank_<R>/rdr*/replay/``)."""
     for meta in sorted(Path(rank_dir).glob(f"rdr*/{REPLAY}/step{int(step)}/meta.json")):

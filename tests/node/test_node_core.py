@@ -407,3 +407,33 @@ def test_an_export_a_rank_did_not_answer_before_its_clean_exit_is_answered_on_it
     assert all(m.body["on_behalf"] and m.body["transfer"] == "i1" for m in chunks)
     assert [m.body["detail"]["rank"] for m in ups if m.type == protocol.STATUS and m.body["what"] == "finished"] \
         == [0, 1]
+
+
+def test_a_bundle_written_for_a_rank_that_ended_carries_its_replay_record(tmp_path):
+    # The rank re-ran step 5, kept the record and said where; it then finished before the
+    # export reached it. The bundle the agent writes for it carries the record, so the
+    # incident folder alone is enough for ``rankscope rerun``.
+    record = tmp_path / "dump" / "replay" / "rank0" / "step5"
+    record.mkdir(parents=True)
+    (record / "meta.json").write_text('{"step": 5}')
+    (record / "inputs.npz").write_bytes(b"npz")
+    core, world = make(tmp_path)
+    register(core, b"a", 11, 0, world_size=1)
+    core.tick()
+    core.on_rank_frame(b"a", step_frame(11, 0, 5, 1, NameTable()))
+    detail = {"rank": 0, "step": 5, "trigger": "loss", "outcome": "transient", "replay": str(record)}
+    core.on_rank_frame(b"a", encode(Message(protocol.STATUS, "j", "rank:h:11", 2, {"what": "rerun", "detail": detail})))
+    core.take()
+    world.kill(11, 0)
+    for _ in range(2):  # first sight of the exit, then the end of its grace
+        world.t += EXIT_GRACE_S + 0.01
+        core.tick()
+    assert [m.body["what"] for m in up_messages(core.take()) if m.type == protocol.STATUS] == ["finished"]
+    core.on_coordinator_frame(encode(Message(protocol.CONTROL, "j", "coordinator", 6,
+                                             {"command": "export", "incident": "i1", "args": {"transfer": "i1"}})))
+    core.tick()
+    chunks = [m for m in up_messages(core.take()) if m.type == protocol.BUNDLE_CHUNK]
+    paths = {m.body["path"] for m in chunks}
+    assert "rdr/replay/step5/meta.json" in paths and "rdr/replay/step5/inputs.npz" in paths, paths
+    meta = next(m for m in chunks if m.body["path"] == "rdr/replay/step5/meta.json")
+    assert meta.body["data"] == b'{"step": 5}'
