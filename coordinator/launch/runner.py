@@ -3,7 +3,8 @@
 Starts (or joins) a coordinator on Ray, starts this node's agent, runs the command in
 an environment that attaches the probe to every Python process it spawns, shows
 progress while it runs, and prints the verdict. Exits with the command's status, or
-:data:`INCIDENT_EXIT` when rankscope terminated the job on an incident.
+:data:`INCIDENT_EXIT` when an incident's policy was to terminate the job (whether the
+job was still running to be terminated or had just ended).
 """
 from __future__ import annotations
 
@@ -269,9 +270,12 @@ class Launch:
         self._say_verdicts(status, incidents)
         self.say(end_of_run_line(cov, rc, found_divergence=True))
         # A job that failed after rankscope terminated it failed *because* of the incident.
+        # One that ended cleanly before the terminate reached it (the verdict came after its
+        # last step) still diverged, and the user asked a divergence to stop it: the status
+        # must not hang on that race.
         terminated = any(inc.get("policy") == "terminate" or inc.get("state") == "terminated"
                          for inc in incidents)
-        return INCIDENT_EXIT if terminated and rc != 0 else rc
+        return INCIDENT_EXIT if terminated else rc
 
     def finish_interrupted(self) -> None:
         """Interrupted (Ctrl-C, SIGTERM) with the command stopped: what was found so far,

@@ -78,7 +78,7 @@ def test_local_gradients_x50_on_one_of_two_replicas_name_that_rank(tmp_path):
     assert first(incidents) == ("outlier", 3, 5), explain(proc, out)
     assert incidents[0]["tensor"].startswith("Sentinel.grad_local.")
     assert incidents[0]["evidence"]["other_replica"] == 1
-    assert proc.returncode == 86
+    assert proc.returncode == 86, explain(proc, out)
 
 
 def test_a_weight_nudged_on_one_of_two_replicas_names_that_rank_at_the_next_step(tmp_path):
