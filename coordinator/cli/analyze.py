@@ -18,8 +18,7 @@ from typing import Any
 from rankscope.config.errors import ConfigError
 from rankscope.config.file import read_config_file
 from rankscope.coordinator.launch.progress import format_verdict, shown, undecided, what_of
-from rankscope.coordinator.launch.runner import INCIDENT_EXIT
-from rankscope.coordinator.launch.watched import UNWATCHED_EXIT
+from rankscope.coordinator.launch.watched import INCIDENT_EXIT, UNWATCHED_EXIT
 from rankscope.coordinator.offline.run import Analysis, Analyzer
 from rankscope.coordinator.offline.tree import TreeError, find_dumps
 from rankscope.wire.atomic import atomic_write_bytes

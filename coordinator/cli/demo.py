@@ -15,7 +15,8 @@ from pathlib import Path
 
 from rankscope.coordinator.cli import launch
 from rankscope.coordinator.launch.preflight import UsageError, writable_dir
-from rankscope.coordinator.launch.runner import ACTIONS, INCIDENT_EXIT
+from rankscope.coordinator.launch.runner import ACTIONS
+from rankscope.coordinator.launch.watched import INCIDENT_EXIT
 from rankscope.wire.ports import free_port
 
 

@@ -2,9 +2,9 @@
 
 Starts (or joins) a coordinator on Ray, starts this node's agent, runs the command in
 an environment that attaches the probe to every Python process it spawns, shows
-progress while it runs, and prints the verdict. Exits with the command's status, or
-:data:`INCIDENT_EXIT` when an incident's policy was to terminate the job (whether the
-job was still running to be terminated or had just ended).
+progress while it runs, and prints the verdict. Exits as
+:func:`~rankscope.coordinator.launch.watched.launch_exit` says: the command's status, or 86
+when an incident's policy was to terminate the job (still running or just ended).
 """
 from __future__ import annotations
 
@@ -30,6 +30,7 @@ from rankscope.coordinator.launch.watched import (
     end_command_now,
     end_of_run_line,
     exit_status,
+    launch_exit,
     shell_status,
     still_live,
 )
@@ -37,8 +38,6 @@ from rankscope.coordinator.launch.worker_logs import WorkerLogLinks
 from rankscope.wire.job_state import TerminatedWatch
 from rankscope.wire.watch_line import stream_id
 
-#: Exit status when rankscope terminated the job because of an incident.
-INCIDENT_EXIT = 86
 ACTIONS = ("pause", "export", "terminate", "continue")
 #: How long the end of the run waits for the node agent's word that the command's ranks
 #: ended (its liveness checks take well under a second; a rank that outlives its command
@@ -255,27 +254,18 @@ class Launch:
             self.say(f"command exited with {rc}; the cluster coordinator holds any verdict "
                      f"(rankscope status --job {self.job})")
             cov = WatchedRanks(watched=None, unwatched=list(self.attach_watch.failures.values()))
-            return self._unwatched_exit(cov, rc, allow)
+            return self._exit(exit_status(cov, rc, allow), rc)
         self._await_ends()
         incidents = self.coordinator.drain(30.0)
         status = self._final_status()
         cov = WatchedRanks.of(status, self.attach_watch.failures)
-        if not incidents:
-            line = end_of_run_line(cov, rc, found_divergence=False)
-            (self.say if cov.complete else print_loud)(line)
+        if incidents:
+            self._say_verdicts(status, incidents)
+            self.say(end_of_run_line(cov, rc, found_divergence=True))
+        else:  # what was watched comes first when there is no verdict to read
+            (self.say if cov.complete else print_loud)(end_of_run_line(cov, rc, found_divergence=False))
             self._say_verdicts(status, [])
-            if rc != 0 and (status or {}).get("terminated"):
-                return INCIDENT_EXIT  # `rankscope terminate` with no incident: still rankscope's doing
-            return self._unwatched_exit(cov, rc, allow)
-        self._say_verdicts(status, incidents)
-        self.say(end_of_run_line(cov, rc, found_divergence=True))
-        # A job that failed after rankscope terminated it failed *because* of the incident.
-        # One that ended cleanly before the terminate reached it (the verdict came after its
-        # last step) still diverged, and the user asked a divergence to stop it: the status
-        # must not hang on that race.
-        terminated = any(inc.get("policy") == "terminate" or inc.get("state") == "terminated"
-                         for inc in incidents)
-        return INCIDENT_EXIT if terminated else rc
+        return self._exit(launch_exit(cov, rc, allow, incidents, bool((status or {}).get("terminated"))), rc)
 
     def finish_interrupted(self) -> None:
         """Interrupted (Ctrl-C, SIGTERM) with the command stopped: what was found so far,
@@ -339,8 +329,7 @@ class Launch:
             return self.last_status
 
     @staticmethod
-    def _unwatched_exit(cov: WatchedRanks, rc: int, allow: bool) -> int:
-        status = exit_status(cov, rc, allow)
+    def _exit(status: int, rc: int) -> int:
         if status == UNWATCHED_EXIT and rc != UNWATCHED_EXIT:  # said only when launch chose it
             print_loud(f"exit status {UNWATCHED_EXIT}: ranks ran unwatched (pass --allow-unwatched to accept "
                        "such a run)")

@@ -21,6 +21,8 @@ from rankscope.wire.watch_line import UNWATCHED
 #: Exit status when the command succeeded but some or all of its ranks ran unwatched
 #: (and the user did not pass --allow-unwatched): the run was not what was asked for.
 UNWATCHED_EXIT = 87
+#: Exit status when rankscope terminated the job, or an incident's policy was to.
+INCIDENT_EXIT = 86
 
 
 def loud(msg: str) -> None:
@@ -246,3 +248,19 @@ def exit_status(cov: WatchedRanks, rc: int, allow_unwatched: bool) -> int:
     if rc != 0 or allow_unwatched or cov.complete:
         return rc
     return UNWATCHED_EXIT
+
+
+def launch_exit(cov: WatchedRanks, rc: int, allow_unwatched: bool, incidents: list[dict],
+                terminated: bool = False) -> int:
+    """launch's exit status. ``terminated``: the coordinator says the job was terminated
+    (an incident, or ``rankscope terminate``)."""
+    if incidents:
+        # A job that failed after rankscope terminated it failed *because* of the incident.
+        # One that ended cleanly before the terminate reached it (the verdict came after
+        # its last step) still diverged, and the user asked a divergence to stop it: the
+        # status must not hang on that race.
+        stop = any(inc.get("policy") == "terminate" or inc.get("state") == "terminated" for inc in incidents)
+        return INCIDENT_EXIT if stop else rc
+    if rc != 0 and terminated:
+        return INCIDENT_EXIT  # `rankscope terminate` with no incident: still rankscope's doing
+    return exit_status(cov, rc, allow_unwatched)

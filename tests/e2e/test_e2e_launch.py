@@ -17,7 +17,7 @@ import pytest
 from report_dom import CHROMIUM, NO_CHROMIUM, cells, check_verdict_marks, dom, section
 
 from rankscope.coordinator.cli.demo import msrun_command
-from rankscope.coordinator.launch.runner import INCIDENT_EXIT
+from rankscope.coordinator.launch.watched import INCIDENT_EXIT
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
 RANKS = 4

@@ -5,12 +5,14 @@ import json
 import os
 
 from rankscope.coordinator.launch.watched import (
+    INCIDENT_EXIT,
     UNWATCHED_EXIT,
     AttachWatch,
     WatchedRanks,
     end_command_now,
     end_of_run_line,
     exit_status,
+    launch_exit,
     still_live,
 )
 from rankscope.wire.attach_report import write_failure
@@ -156,11 +158,11 @@ def test_the_unwatched_exit_is_announced_only_when_launch_chooses_it(capsys):
     nobody = WatchedRanks.of(status({}), {})
     assert NONE_ATTACHED in end_of_run_line(nobody, 1, found_divergence=False)
     # The command failed (a rank raised on its bad config): its status is the exit, said as such.
-    assert Launch._unwatched_exit(nobody, 1, allow=False) == 1
+    assert Launch._exit(exit_status(nobody, 1, False), 1) == 1
     assert "exit status" not in capsys.readouterr().err
-    assert Launch._unwatched_exit(nobody, 0, allow=False) == UNWATCHED_EXIT
+    assert Launch._exit(exit_status(nobody, 0, False), 0) == UNWATCHED_EXIT
     assert f"exit status {UNWATCHED_EXIT}: ranks ran unwatched" in capsys.readouterr().err
-    assert Launch._unwatched_exit(nobody, 0, allow=True) == 0
+    assert Launch._exit(exit_status(nobody, 0, True), 0) == 0
     assert capsys.readouterr().err == ""
 
 
@@ -204,3 +206,19 @@ def test_ranks_lost_before_any_step_was_compared_are_attached_not_watched():
     line = end_of_run_line(cov, 1, found_divergence=False)
     assert line == "no divergence judged: 4 of 4 rank(s) attached (ranks 0-3), no step was compared; " \
                    "command exited with 1"
+
+
+def test_an_incident_to_terminate_on_exits_86_even_when_the_job_ended_first():
+    cov = WatchedRanks.of(status({"0": RUNNING, "1": RUNNING}), {})
+    stop = [{"policy": "terminate", "state": "exporting"}]
+    # Terminated: the job failed because of it. Ended by itself before the terminate
+    # arrived (its last steps judged after it exited): the same status, not a race.
+    assert launch_exit(cov, 137, False, stop) == INCIDENT_EXIT
+    assert launch_exit(cov, 0, False, stop) == INCIDENT_EXIT
+    # Export, pause or continue: the job's own status stands, a failure included.
+    assert launch_exit(cov, 0, False, [{"policy": "continue", "state": "running"}]) == 0
+    assert launch_exit(cov, 3, False, [{"policy": "export", "state": "exported"}]) == 3
+    # `rankscope terminate` with no incident is rankscope's doing only when the job failed.
+    assert launch_exit(cov, 143, False, [], terminated=True) == INCIDENT_EXIT
+    assert launch_exit(cov, 0, False, [], terminated=True) == 0
+    assert launch_exit(WatchedRanks.of(status({}), {}), 0, False, []) == UNWATCHED_EXIT
