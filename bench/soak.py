@@ -237,10 +237,31 @@ def main() -> None:
               f"files after the window {w['disk_files_per_1k_steps']} / 1k steps (target flat); "
               f"incidents on this clean job {len(w.get('incidents', []))} (target 0){': ' if w.get('incidents') else ''}"
               + ", ".join(w.get("incidents", [])))
+    incidents = work / "watched" / "export" / "incidents"
+    for found in sorted(incidents.glob("*/incident.json")) if incidents.is_dir() else ():
+        print(f"  {found.parent.name}: {incident_line(found)}", flush=True)
     print(json.dumps(result))
     if not args.keep:
         import shutil
-        shutil.rmtree(work, ignore_errors=True)
+        if w.get("incidents"):
+            # A clean job's incident is a bug to chase: its folders stay, the rest goes.
+            for child in work.iterdir():
+                if child.name != "watched":
+                    shutil.rmtree(child, ignore_errors=True)
+            print(f"incident folders kept under {incidents}", flush=True)
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def incident_line(path: Path) -> str:
+    """What an incident on the clean job named, with the evidence to chase it."""
+    try:
+        inc = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        return f"unreadable: {exc}"
+    evidence = json.dumps(inc.get("evidence"), default=str)
+    return (f"{inc.get('detector')} rank {inc.get('first_diverging_rank')} step {inc.get('step')} "
+            f"{inc.get('tensor')}; evidence {evidence[:1500]}")
 
 
 if __name__ == "__main__":

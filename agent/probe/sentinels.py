@@ -276,11 +276,16 @@ def _drain(rec: Recorder) -> None:
 
 
 def _stats_crc_later(p: Any) -> Any:
-    """Stats now (cheap), CRC-32 of a copy on the helper thread (see crc32_later)."""
+    """Stats now (cheap), CRC-32 on the helper thread (see crc32_later), both of one private
+    copy: a CPU tensor's host array is the tensor's own memory, so stats and checksum read
+    from it at two moments could describe two different contents."""
+    import numpy as np
+
     from rankscope.probe.stats import array_stats, crc32_later, to_numpy
     arr, dtype_name = to_numpy(p)
-    st = array_stats(arr, dtype_name)
-    st.crc = crc32_later(arr)
+    copy = np.array(arr, copy=True, order="C")
+    st = array_stats(copy, dtype_name)
+    st.crc = crc32_later(copy, private=True)
     return st
 
 

@@ -59,18 +59,19 @@ def to_numpy(value: Any) -> tuple[np.ndarray, str]:
 _crc_pool: Any = None
 
 
-def crc32_later(arr: np.ndarray) -> Any:
+def crc32_later(arr: np.ndarray, private: bool = False) -> Any:
     """CRC-32 of a private copy of ``arr`` on a helper thread; returns a Future.
 
     zlib releases the GIL on large buffers, so the training thread only pays for the
     copy (~20x faster than the CRC) and the checksum overlaps with the forward pass.
     The copy is what makes it safe: the optimizer updates parameters in place next.
+    ``private``: ``arr`` already is such a copy, nobody else's to write.
     """
     global _crc_pool
     if _crc_pool is None:
         from concurrent.futures import ThreadPoolExecutor
         _crc_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rankscope-crc")
-    return _crc_pool.submit(crc32_of, np.array(arr, copy=True, order="C"))
+    return _crc_pool.submit(crc32_of, arr if private else np.array(arr, copy=True, order="C"))
 
 
 def tensor_stats(value: Any, crc: bool = False) -> TensorStats:
