@@ -219,6 +219,7 @@ def main() -> None:
         if watched:
             found = sorted((work / name / "export" / "incidents").glob("*/incident.json"))
             s["incidents"] = [p.parent.name for p in found]
+            result["incident_files"] = found
         result[name] = s
         print(f"{name:9s} {s['steps_reached'] + 1} steps in {s['wall_s']} s: rank RSS "
               f"{s['rank_rss_kb_per_1k_steps']} KB / 1k steps; steps/s {s['steps_per_s_start']} -> "
@@ -237,9 +238,9 @@ def main() -> None:
               f"files after the window {w['disk_files_per_1k_steps']} / 1k steps (target flat); "
               f"incidents on this clean job {len(w.get('incidents', []))} (target 0){': ' if w.get('incidents') else ''}"
               + ", ".join(w.get("incidents", [])))
-    incidents = work / "watched" / "export" / "incidents"
-    for found in sorted(incidents.glob("*/incident.json")) if incidents.is_dir() else ():
-        print(f"  {found.parent.name}: {incident_line(found)}", flush=True)
+    found = result.pop("incident_files", [])
+    for path in found:
+        print(f"  {path.parent.name}: {incident_line(path)}", flush=True)
     print(json.dumps(result))
     if not args.keep:
         import shutil
@@ -248,7 +249,7 @@ def main() -> None:
             for child in work.iterdir():
                 if child.name != "watched":
                     shutil.rmtree(child, ignore_errors=True)
-            print(f"incident folders kept under {incidents}", flush=True)
+            print(f"incident folders kept under {found[0].parent.parent}", flush=True)
         else:
             shutil.rmtree(work, ignore_errors=True)
 

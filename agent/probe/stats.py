@@ -26,10 +26,11 @@ from rankscope.wire.array_stats import (  # noqa: F401 - the probe's stats are t
 
 def wait_for_device() -> None:
     """Wait until MindSpore has run everything queued. Reading a tensor waits for the ops
-    queued on that tensor, but not for a compiled graph still writing parameters in place
-    (an optimizer's ``construct`` runs as one): a read at the next step's start caught
-    Adam's moment half-written once in 80,000 rank-steps (same statistics, another
-    CRC-32), a replica split in a clean job."""
+    queued on that tensor, but not necessarily for a compiled graph still writing
+    parameters in place (an optimizer's ``construct`` runs as one), and the kernel dump's
+    files are written by kernels still running. A clean 20,000-step soak still shows a
+    rare one-step CRC-32 split of one Adam buffer with this wait in place: the wait is
+    not the whole answer to that read glitch."""
     try:
         from mindspore.graph.api import _pynative_executor  # MindSpore >= 2.9
     except ImportError:
