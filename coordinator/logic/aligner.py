@@ -305,7 +305,7 @@ class StepAligner:
             reported=slot.reported[:r], token=slot.token[:r], present=slot.present[:r, :k], exec=slot.exec[:r, :k],
             stats=slot.stats[:r, :k], nan=slot.nan[:r, :k], inf=slot.inf[:r, :k],
             numel=slot.numel[:r, :k], crc=slot.crc[:r, :k], kind=table.kind[:k].copy(), keys=table,
-            replicas_mode=self.settings.replicas_mode, prev=grp.prev, sets=self.sets_of(grp),
+            replicas_mode=self.settings.replicas_mode, sets=self.sets_of(grp),
             missing=[int(x) for x in ranks[missing]], by_deadline=by_deadline,
         )
 

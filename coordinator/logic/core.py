@@ -243,6 +243,9 @@ class CoordinatorCore:
         return out
 
     def _judge_step(self, grp: Group, view: StepView, report_missing: bool) -> list[Verdict]:
+        # The step judged just before, set here and not when the view was made: a coordinator
+        # running behind gets several steps ready at once, made before any was judged.
+        view.prev = grp.prev
         found: list[Verdict] = []
         for det in self.detectors:
             try:

@@ -81,6 +81,25 @@ def test_a_nudged_weight_on_one_of_two_replicas_names_that_rank_by_its_own_updat
     assert "outside the optimizer" in v.evidence["rule"]
 
 
+def test_a_nudged_weight_is_named_when_the_coordinator_judges_many_steps_at_once():
+    """A coordinator running behind finds several steps ready in one pass: each step is
+    still compared with the one judged just before it."""
+    sim = HybridTraining(seed=3)
+    p = sim.col("Sentinel.param.fc0")
+    core, clock = _core()
+    for step in range(8):
+        batches = sim.batches(step)
+        if step >= 4:
+            batches[3].crc32[p] += 1
+        for b in batches:
+            core.on_step(b)
+    clock.advance(0.1)
+    found = core.tick()
+    v = found[0]
+    assert (v.detector, v.rank, v.step, v.decided) == ("replica", 3, 4, True), found
+    assert "outside the optimizer" in v.evidence["rule"]
+
+
 def test_two_replicas_that_differ_with_no_evidence_name_nobody_and_the_job_runs_on():
     sim = HybridTraining(seed=4)
     g = sim.col("Sentinel.grad_reduced.fc2")
