@@ -219,6 +219,7 @@ def main() -> None:
         if watched:
             found = sorted((work / name / "export" / "incidents").glob("*/incident.json"))
             s["incidents"] = [p.parent.name for p in found]
+            s["replica_splits_healed"] = healed_splits(work / name / "export" / "coverage.json")
             result["incident_files"] = found
         result[name] = s
         print(f"{name:9s} {s['steps_reached'] + 1} steps in {s['wall_s']} s: rank RSS "
@@ -238,6 +239,9 @@ def main() -> None:
               f"files after the window {w['disk_files_per_1k_steps']} / 1k steps (target flat); "
               f"incidents on this clean job {len(w.get('incidents', []))} (target 0){': ' if w.get('incidents') else ''}"
               + ", ".join(w.get("incidents", [])))
+    if w.get("replica_splits_healed"):
+        print(f"last-bit optimizer-state splits that agreed again a step later (no finding): "
+              f"{json.dumps(w['replica_splits_healed'])}", flush=True)
     found = result.pop("incident_files", [])
     for path in found:
         print(f"  {path.parent.name}: {incident_line(path)}", flush=True)
@@ -252,6 +256,15 @@ def main() -> None:
             print(f"incident folders kept under {found[0].parent.parent}", flush=True)
         else:
             shutil.rmtree(work, ignore_errors=True)
+
+
+def healed_splits(coverage: Path) -> dict | None:
+    """What coverage.json says of replica splits that healed by the next step, if any."""
+    try:
+        jobs = json.loads(coverage.read_text()).get("jobs", {})
+    except (OSError, ValueError):
+        return None
+    return next((j["replica_splits_healed"] for j in jobs.values() if "replica_splits_healed" in j), None)
 
 
 def incident_line(path: Path) -> str:

@@ -29,7 +29,19 @@ def coverage_report(self: "CoordinatorCore", job: str) -> dict[str, Any]:
     reruns = self.book.reruns.strikes(job)
     if reruns:
         report["reruns"] = reruns
+    healed = healed_splits(self, job)
+    if healed["count"]:
+        report["replica_splits_healed"] = healed
     return report
+
+
+def healed_splits(self: "CoordinatorCore", job: str) -> dict[str, Any]:
+    """Last-bit splits of optimizer state that agreed again a step later, so were no
+    finding (:mod:`.detectors.replica`): how many, and the newest ones. Counted where the
+    steps are judged (with ingest shards: in each shard)."""
+    held = [g.state.get("replica", {}) for g in self.aligner.groups.values() if g.job == job]
+    return {"count": sum(h.get("healed", 0) for h in held),
+            "last": [x for h in held for x in h.get("healed_last", ())][-16:]}
 
 
 def max_lag(self: "CoordinatorCore") -> int:
@@ -66,6 +78,7 @@ def status(self: "CoordinatorCore") -> dict[str, Any]:
         j["layout"] = self.layout(job)
         j["verdicts_past_incident_cap"] = self.book.capped.get(job, 0)
         j["reruns"] = self.book.reruns.strikes(job)
+        j["replica_splits_healed"] = healed_splits(self, job)
     return {
         "jobs": jobs, "pending_steps": self.aligner.pending_steps(), "counters": dict(self.aligner.counters),
         "steps_judged": self.aligner.counters["steps_judged"], "records": self.aligner.counters["records"],

@@ -14,8 +14,19 @@ With no majority (two replicas that disagree) the majority cannot decide: a rank
 weights changed outside the optimizer before this step (:mod:`.moved`) is named; else
 the verdict names nobody (``decided`` false), lists the ranks that disagree and says it
 cannot tell which is wrong.
+
+A split of optimizer state alone whose every statistic agrees bit for bit (only the
+checksum differs: a last-bit rounding difference, which a CPU kernel's thread split can
+make under load) is held for one step: if the next step shows the rank back in step with
+its replicas, nothing it fed into the weights differed and it is no finding (counted in the
+detector's state); if the split is still there, or the rank is flagged anew, the verdict is
+given for the step it began at. A corrupted moment that matters carries into the next step,
+so this costs a real finding one step of delay and nothing else.
 """
 from __future__ import annotations
+
+import logging
+from typing import NamedTuple
 
 import numpy as np
 
@@ -39,7 +50,11 @@ START_HINT = ("the weights already differ at the first step watched, so the rank
               "weights: give every rank the same seed (mindspore.set_seed) before building the model, load "
               "one checkpoint everywhere, or set_auto_parallel_context(parameter_broadcast=True)")
 
+log = logging.getLogger(__name__)
+
 _REPL = frozenset(int(k) for k in REPLICATED_KINDS)
+#: Splits that healed by the next step, remembered for the status (the newest ones).
+MAX_HEALED_KEPT = 16
 _ABSENT = np.uint64(0xFFFFFFFFFFFFFFFF)
 _MIX = np.uint64(0x9E3779B97F4A7C15)
 
@@ -93,6 +108,15 @@ def _equal_rows(view: StepView, rows: np.ndarray, cols: np.ndarray) -> bool:
     return bool(((sig == lo[None, :]) | ~pres).all())
 
 
+class Finding(NamedTuple):
+    verdict: Verdict
+    #: Optimizer state only, every statistic equal: held a step before it is a verdict.
+    round_off: bool
+    row: int
+    col: int
+    rows: np.ndarray  # the rows compared
+
+
 class ReplicaDetector:
     name = "replica"
 
@@ -116,11 +140,35 @@ class ReplicaDetector:
             units += [(rows, cols) for rows in _unequal_sets(view, cols, sets.replica_groups())]
         if not view.replicas_mode:
             units += self._collective_units(view)
-        found = [v for rows, c in units if (v := self._judge_rows(view, rows, c, first_step)) is not None]
-        if not found:
+        found = [f for rows, c in units if (f := self._judge_rows(view, rows, c, first_step)) is not None]
+        out = self._settle_held(view, state, found)
+        hard = [f for f in found if not f.round_off]
+        if hard:
+            out.append(_first(hard).verdict)
+        elif found:
+            state["held"] = _first(found)
+        return out
+
+    @staticmethod
+    def _settle_held(view: StepView, state: dict, found: list[Finding]) -> list[Verdict]:
+        """The round-off split held from the step before: a verdict if it lasted, else counted."""
+        held: Finding | None = state.pop("held", None)
+        if held is None:
             return []
-        return [min(found, key=lambda v: (not v.decided, v.exec_index if v.exec_index is not None else 1 << 62,
-                                           v.rank))]
+        v = held.verdict
+        if view.step == v.step + 1 and not any(f.row == held.row for f in found) and \
+                not _still_split(view, held):
+            state["healed"] = state.get("healed", 0) + 1
+            kept = state.setdefault("healed_last", [])
+            kept.append({"step": v.step, "rank": v.rank, "tensor": v.tensor})
+            del kept[:-MAX_HEALED_KEPT]
+            log.info("rank %d's %s differed from its replicas in the last bit at step %d and agreed again at "
+                     "step %d: no finding", v.rank, v.tensor, v.step, view.step)
+            return []
+        v.evidence["held_one_step"] = (
+            "only the checksum differed at first (a possible last-bit rounding difference); "
+            f"{'still split' if view.step == v.step + 1 else 'not seen'} at step {view.step}")
+        return [v]
 
     @staticmethod
     def _collective_units(view: StepView) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -139,7 +187,7 @@ class ReplicaDetector:
         return units
 
     def _judge_rows(self, view: StepView, rows: np.ndarray | None, cols: np.ndarray,
-                    first_step: int) -> Verdict | None:
+                    first_step: int) -> Finding | None:
         """The first deviating record among ``rows`` (None: every row) x ``cols``."""
         sel = slice(None) if rows is None else rows
         pres = view.present[sel][:, cols]
@@ -192,6 +240,37 @@ class ReplicaDetector:
             evidence["replica_set"] = sorted(int(view.ranks[r]) for r in rows)[:MAX_EVIDENCE_RANKS]
         if view.step == first_step and int(view.kind[col]) == int(Kind.PARAM):
             evidence["hint"] = START_HINT
+        stats_agree = _stats_agree(view, idx, cols, dev, same)
+        evidence["stats_agree"] = stats_agree
         v = make_verdict(self.name, view, row, col, ties, evidence)
         v.decided = decided
-        return v
+        dev_kinds = view.kind[cols[dev.any(axis=0)]]
+        round_off = stats_agree and bool((dev_kinds == int(Kind.OPT_STATE)).all())
+        return Finding(v, round_off, row, col, idx[pres[:, j]])
+
+
+def _first(found: list[Finding]) -> Finding:
+    return min(found, key=lambda f: (not f.verdict.decided, f.verdict.exec_index if f.verdict.exec_index is not None
+                                     else 1 << 62, f.verdict.rank))
+
+
+def _stats_agree(view: StepView, idx: np.ndarray, cols: np.ndarray, dev: np.ndarray, same: np.ndarray) -> bool:
+    """Whether every deviating cell's statistics, NaN/Inf counts and size equal, bit for bit,
+    those of a rank holding the column's reference value: only the checksum tells them apart."""
+    di, dj = np.nonzero(dev)
+    ref = idx[np.argmax(same, axis=0)][dj]
+    r, c = idx[di], cols[dj]
+    return bool((view.stats[r, c].view(np.uint64) == view.stats[ref, c].view(np.uint64)).all()
+                and (view.numel[r, c] == view.numel[ref, c]).all() and (view.nan[r, c] == view.nan[ref, c]).all()
+                and (view.inf[r, c] == view.inf[ref, c]).all())
+
+
+def _still_split(view: StepView, held: Finding) -> bool:
+    """Whether the held rank's cell still differs from the others it was compared with (a
+    cell no longer there cannot show that it healed, so it counts as split)."""
+    rows, c = held.rows, held.col
+    if c >= view.present.shape[1] or rows.max() >= view.present.shape[0] or not view.present[held.row, c]:
+        return True
+    rows = rows[view.present[rows, c]]
+    sig = signatures(view, np.array([c]), rows)[:, 0]
+    return bool((sig != sig[rows == held.row][0]).any())

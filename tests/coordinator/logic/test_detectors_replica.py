@@ -151,3 +151,95 @@ def test_weights_that_differ_at_the_first_step_watched_say_how_ranks_start_alike
     fresh[1].crc32[g] += 1
     [vg] = ReplicaDetector().judge(view_of(fresh), {})
     assert vg.kind == "grad_reduced" and "hint" not in vg.evidence
+
+
+def _with_moment(seed: int) -> tuple[SyntheticTraining, int]:
+    """A job whose first weight's column is an Adam moment instead (optimizer state)."""
+    from rankscope.wire.records import Kind
+    sim = SyntheticTraining(ranks=4, tensors=32, seed=seed)
+    m = sim.column("Sentinel.param.layer1.")
+    sim.names[m] = "Sentinel.opt_state.moment1.layer1.weight"
+    sim.kinds[m] = Kind.OPT_STATE
+    return sim, m
+
+
+def _judge_steps(sim: SyntheticTraining, steps: int, fault) -> tuple[list, dict]:
+    judge, det, state, found = StepJudge(), ReplicaDetector(), {}, []
+    for step in range(steps):
+        batches = sim.batches(step)
+        fault(step, batches)
+        found += det.judge(judge.view(batches), state)
+    return found, state
+
+
+def test_a_last_bit_split_of_optimizer_state_gone_at_the_next_step_is_no_finding() -> None:
+    """Only the checksum differs (every statistic equal), and the next step agrees again:
+    what a rounding difference of one element looks like, which fed nothing different on."""
+    sim, m = _with_moment(21)
+
+    def flip(step, batches):
+        if step == 3:
+            batches[2].crc32[m] ^= 0x1
+
+    found, state = _judge_steps(sim, 6, flip)
+    assert found == []
+    assert state["healed"] == 1 and state["healed_last"] == [{"step": 3, "rank": 2, "tensor": sim.names[m]}]
+
+
+def test_a_last_bit_split_of_optimizer_state_that_lasts_is_named_at_the_step_it_began() -> None:
+    sim, m = _with_moment(22)
+
+    def flip(step, batches):
+        if step >= 3:  # corrupted state carries on
+            batches[2].crc32[m] ^= 0x1
+
+    found, state = _judge_steps(sim, 6, flip)
+    v = found[0]
+    assert (v.detector, v.rank, v.step, v.tensor) == ("replica", 2, 3, sim.names[m]), found
+    assert v.evidence["stats_agree"] is True and "still split at step 4" in v.evidence["held_one_step"]
+    assert "healed" not in state
+
+
+def test_optimizer_state_whose_statistics_differ_is_named_at_once() -> None:
+    sim, m = _with_moment(23)
+
+    def drift(step, batches):
+        if step == 3:
+            batches[1].crc32[m] ^= 0x1
+            batches[1].stats[m, 3] = np.nextafter(batches[1].stats[m, 3], np.inf)
+
+    found, _ = _judge_steps(sim, 4, drift)
+    [v] = found
+    assert (v.rank, v.step, v.evidence["stats_agree"]) == (1, 3, False)
+    assert "held_one_step" not in v.evidence
+
+
+def test_a_held_split_is_named_when_the_next_step_is_not_seen() -> None:
+    """The step after never reaches the judge (a gap): nothing shows the split healed."""
+    sim, m = _with_moment(24)
+    judge, det, state, found = StepJudge(), ReplicaDetector(), {}, []
+    for step in (0, 1, 2):
+        batches = sim.batches(step)
+        if step == 2:
+            batches[3].crc32[m] ^= 0x1
+        found += det.judge(judge.view(batches), state)
+    assert found == []
+    sim.batches(3)  # made, never judged
+    [v] = det.judge(judge.view(sim.batches(4)), state)
+    assert (v.rank, v.step) == (3, 2) and "not seen at step 4" in v.evidence["held_one_step"]
+
+
+def test_the_status_counts_the_splits_that_healed() -> None:
+    sim, m = _with_moment(25)
+    clock = FakeClock()
+    core = CoordinatorCore({}, clock=clock)
+    found = []
+    for step in range(8):
+        batches = sim.batches(step)
+        if step in (2, 5):
+            batches[step % 4].crc32[m] ^= 0x1
+        found += feed_step(core, clock, batches)
+    assert found == []
+    healed = core.status()["jobs"][sim.job]["replica_splits_healed"]
+    assert healed["count"] == 2 and [(x["step"], x["rank"]) for x in healed["last"]] == [(2, 2), (5, 1)]
+    assert core.coverage_report(sim.job)["replica_splits_healed"] == healed
