@@ -84,7 +84,8 @@ class ShardCore(CoordinatorCore):
         now = self.clock() if now is None else now
         out = ShardFindings(self.shard)
         for grp, view in self.aligner.ready(now, force=force):
-            out.steps += [(view.step, v) for v in
+            # A verdict held a step (detectors.replica) is merged with the step it names.
+            out.steps += [(min(view.step, v.step), v) for v in
                           self._judge_step(grp, view, report_missing=not force or view.by_deadline)]
         out.other = self._liveness(now, force)
         out.judged = {g.label: g.judged_through for g in self.aligner.groups.values()}

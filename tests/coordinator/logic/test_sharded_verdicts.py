@@ -172,3 +172,23 @@ def test_a_lagging_rank_is_a_finding_and_memory_stays_bounded() -> None:
 def test_a_shard_is_not_ticked_like_a_core() -> None:
     with pytest.raises(TypeError, match="judge"):
         ShardCore({}).tick()
+
+
+@pytest.mark.parametrize("lasts, other", [(True, False), (False, False), (True, True)])
+def test_a_last_bit_optimizer_state_split_held_a_step_merges_as_one_core_judges_it(lasts, other) -> None:
+    """The replica check holds such a split a step and names it for the step it began at
+    (or not at all once it healed): the merge files it under that step, as one core does,
+    apart from another shard's replica finding of the step it was named at."""
+    sim = SyntheticTraining(ranks=4, tensors=21, seed=5)
+    m = sim.column("Sentinel.param.layer1.")
+    sim.names[m] = "Sentinel.opt_state.moment1.layer1.weight"
+    sim.kinds[m] = Kind.OPT_STATE
+    stream = [sim.batches(s) for s in range(8)]
+    for s in ([3, 4, 5, 6, 7] if lasts else [3]):
+        stream[s][2].crc32[m] ^= 0x1
+    if other:  # a weight of rank 1 split at step 4, judged in another shard
+        stream[4][1].crc32[sim.column("Sentinel.param.layer0.")] ^= 0x5A5A
+    want = _plain(sim, stream)
+    assert [w[:3] for w in want][:2] == ([("replica", 2, 3)] if lasts else []) + ([("replica", 1, 4)] if other else [])
+    for k in (2, 4):
+        assert _sharded(sim, stream, k) == want, f"{k} shards"
