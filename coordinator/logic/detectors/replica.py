@@ -16,8 +16,8 @@ the verdict names nobody (``decided`` false), lists the ranks that disagree and 
 cannot tell which is wrong.
 
 A split of optimizer state alone whose every statistic agrees bit for bit (only the
-checksum differs: a last-bit rounding difference, which a CPU kernel's thread split can
-make under load) is held for one step: if the next step shows the rank back in step with
+checksum differs: a last-bit difference, which clean CPU jobs were seen to show on one
+rank for one step at a time) is held for one step: if the next step shows the rank back in step with
 its replicas, nothing it fed into the weights differed and it is no finding (counted in the
 detector's state); if the split is still there, or the rank is flagged anew, the verdict is
 given for the step it began at. A corrupted moment that matters carries into the next step,
@@ -156,8 +156,9 @@ class ReplicaDetector:
         if held is None:
             return []
         v = held.verdict
-        if view.step == v.step + 1 and not any(f.row == held.row for f in found) and \
-                not _still_split(view, held):
+        seen = view.step == v.step + 1 and _seen(view, held)
+        split = seen and _still_split(view, held)
+        if seen and not split and not any(f.row == held.row for f in found):
             state["healed"] = state.get("healed", 0) + 1
             kept = state.setdefault("healed_last", [])
             kept.append({"step": v.step, "rank": v.rank, "tensor": v.tensor})
@@ -167,7 +168,8 @@ class ReplicaDetector:
             return []
         v.evidence["held_one_step"] = (
             "only the checksum differed at first (a possible last-bit rounding difference); "
-            f"{'still split' if view.step == v.step + 1 else 'not seen'} at step {view.step}")
+            + (f"still split at step {view.step}" if split else f"the rank flagged again at step {view.step}" if seen
+               else f"the rank's cell not seen at step {v.step + 1}"))
         return [v]
 
     @staticmethod
@@ -265,12 +267,16 @@ def _stats_agree(view: StepView, idx: np.ndarray, cols: np.ndarray, dev: np.ndar
                 and (view.inf[r, c] == view.inf[ref, c]).all())
 
 
+def _seen(view: StepView, held: Finding) -> bool:
+    """Whether this step has the held rank's cell (a cell not there cannot show it healed)."""
+    c = held.col
+    return c < view.present.shape[1] and int(held.rows.max()) < view.present.shape[0] and \
+        bool(view.present[held.row, c])
+
+
 def _still_split(view: StepView, held: Finding) -> bool:
-    """Whether the held rank's cell still differs from the others it was compared with (a
-    cell no longer there cannot show that it healed, so it counts as split)."""
+    """Whether the held rank's cell still differs from the others it was compared with."""
     rows, c = held.rows, held.col
-    if c >= view.present.shape[1] or rows.max() >= view.present.shape[0] or not view.present[held.row, c]:
-        return True
     rows = rows[view.present[rows, c]]
     sig = signatures(view, np.array([c]), rows)[:, 0]
     return bool((sig != sig[rows == held.row][0]).any())

@@ -226,7 +226,7 @@ def test_a_held_split_is_named_when_the_next_step_is_not_seen() -> None:
     assert found == []
     sim.batches(3)  # made, never judged
     [v] = det.judge(judge.view(sim.batches(4)), state)
-    assert (v.rank, v.step) == (3, 2) and "not seen at step 4" in v.evidence["held_one_step"]
+    assert (v.rank, v.step) == (3, 2) and "not seen at step 3" in v.evidence["held_one_step"]
 
 
 def test_the_status_counts_the_splits_that_healed() -> None:
