@@ -47,3 +47,13 @@ def feed_step(core: CoordinatorCore, clock: FakeClock, batches: list[StepBatch],
         core.on_step(b)
     clock.advance(dt)
     return core.tick()
+
+
+def with_moment(sim, prefix: str = "Sentinel.param.layer1.") -> int:
+    """Turn one weight column of a SyntheticTraining into an Adam moment (optimizer state),
+    before its first batches; returns the column."""
+    from rankscope.wire.records import Kind
+    m = sim.column(prefix)
+    sim.names[m] = "Sentinel.opt_state.moment1." + sim.names[m].split(".", 2)[2]
+    sim.kinds[m] = Kind.OPT_STATE
+    return m

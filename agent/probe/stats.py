@@ -29,8 +29,8 @@ def wait_for_device() -> None:
     queued on that tensor, but not necessarily for a compiled graph still writing
     parameters in place (an optimizer's ``construct`` runs as one), and the kernel dump's
     files are written by kernels still running. A clean 20,000-step soak still shows a
-    rare one-step CRC-32 split of one Adam buffer with this wait in place: the wait is
-    not the whole answer to that read glitch."""
+    rare one-step CRC-32 split of one Adam buffer with this wait in place; the replica
+    check holds such a split a step (coordinator.logic.detectors.replica)."""
     try:
         from mindspore.graph.api import _pynative_executor  # MindSpore >= 2.9
     except ImportError:

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from rankscope.coordinator.logic.aligner import RankRecord, RankState
+from rankscope.coordinator.logic.detectors.replica import ReplicaDetector, healed_summary
 from rankscope.coordinator.logic.stops import stop_of
 from rankscope.wire.sync import OUT
 
@@ -39,9 +40,8 @@ def healed_splits(self: "CoordinatorCore", job: str) -> dict[str, Any]:
     """Last-bit splits of optimizer state that agreed again a step later, so were no
     finding (:mod:`.detectors.replica`): how many, and the newest ones. Counted where the
     steps are judged (with ingest shards: in each shard)."""
-    held = [g.state.get("replica", {}) for g in self.aligner.groups.values() if g.job == job]
-    return {"count": sum(h.get("healed", 0) for h in held),
-            "last": [x for h in held for x in h.get("healed_last", ())][-16:]}
+    return healed_summary([g.state.get(ReplicaDetector.name, {}) for g in self.aligner.groups.values()
+                           if g.job == job])
 
 
 def max_lag(self: "CoordinatorCore") -> int:

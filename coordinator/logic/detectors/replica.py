@@ -108,6 +108,13 @@ def _equal_rows(view: StepView, rows: np.ndarray, cols: np.ndarray) -> bool:
     return bool(((sig == lo[None, :]) | ~pres).all())
 
 
+def healed_summary(states: list[dict]) -> dict:
+    """The splits that healed, over the replica detector's state of several groups: how
+    many, and the newest ones (what status and coverage show)."""
+    return {"count": sum(st.get("healed", 0) for st in states),
+            "last": [x for st in states for x in st.get("healed_last", ())][-MAX_HEALED_KEPT:]}
+
+
 class Finding(NamedTuple):
     verdict: Verdict
     #: Optimizer state only, every statistic equal: held a step before it is a verdict.

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import numpy as np
-from logic_helpers import FakeClock, StepJudge, feed_step, view_of
+from logic_helpers import FakeClock, StepJudge, feed_step, view_of, with_moment
 
 from rankscope.config.cluster import parse_cluster
 from rankscope.coordinator.logic.core import CoordinatorCore
@@ -154,13 +154,9 @@ def test_weights_that_differ_at_the_first_step_watched_say_how_ranks_start_alike
 
 
 def _with_moment(seed: int) -> tuple[SyntheticTraining, int]:
-    """A job whose first weight's column is an Adam moment instead (optimizer state)."""
-    from rankscope.wire.records import Kind
+    """A job whose second weight's column is an Adam moment instead (optimizer state)."""
     sim = SyntheticTraining(ranks=4, tensors=32, seed=seed)
-    m = sim.column("Sentinel.param.layer1.")
-    sim.names[m] = "Sentinel.opt_state.moment1.layer1.weight"
-    sim.kinds[m] = Kind.OPT_STATE
-    return sim, m
+    return sim, with_moment(sim)
 
 
 def _judge_steps(sim: SyntheticTraining, steps: int, fault) -> tuple[list, dict]:

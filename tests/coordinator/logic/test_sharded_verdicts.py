@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from logic_helpers import FakeClock
+from logic_helpers import FakeClock, with_moment
 
 from rankscope.coordinator.logic.core import CoordinatorCore
 from rankscope.coordinator.logic.merge import VerdictMerge, merge_step
@@ -180,9 +180,7 @@ def test_a_last_bit_optimizer_state_split_held_a_step_merges_as_one_core_judges_
     (or not at all once it healed): the merge files it under that step, as one core does,
     apart from another shard's replica finding of the step it was named at."""
     sim = SyntheticTraining(ranks=4, tensors=21, seed=5)
-    m = sim.column("Sentinel.param.layer1.")
-    sim.names[m] = "Sentinel.opt_state.moment1.layer1.weight"
-    sim.kinds[m] = Kind.OPT_STATE
+    m = with_moment(sim)
     stream = [sim.batches(s) for s in range(8)]
     for s in ([3, 4, 5, 6, 7] if lasts else [3]):
         stream[s][2].crc32[m] ^= 0x1
