@@ -77,12 +77,24 @@ class ProgressSettings:
 
 
 @dataclass(frozen=True)
+class LossScaleSettings:
+    """Float16 overflow steps under a loss scale. ``streak``: overflow steps in a row,
+    after the scale once ran a clean step, that make a finding of their own; ``floor``:
+    an overflow at or below this scale is one at once (the scale cannot fall further)."""
+
+    enabled: bool = True
+    streak: int = 8
+    floor: float = 1.0
+
+
+@dataclass(frozen=True)
 class DetectorSettings:
     nan_origin: NanOriginSettings = field(default_factory=NanOriginSettings)
     replica: ReplicaSettings = field(default_factory=ReplicaSettings)
     param_moved: ParamMovedSettings = field(default_factory=ParamMovedSettings)
     outlier: OutlierSettings = field(default_factory=OutlierSettings)
     progress: ProgressSettings = field(default_factory=ProgressSettings)
+    loss_scale: LossScaleSettings = field(default_factory=LossScaleSettings)
     #: After a detector flags a rank, the same detector stays quiet about that rank for
     #: this many steps: a drifted replica stays drifted and must not open an incident
     #: per step.
@@ -91,7 +103,7 @@ class DetectorSettings:
 
 _DETECTOR_SECTIONS = {
     "nan_origin": NanOriginSettings, "replica": ReplicaSettings, "param_moved": ParamMovedSettings,
-    "outlier": OutlierSettings, "progress": ProgressSettings,
+    "outlier": OutlierSettings, "progress": ProgressSettings, "loss_scale": LossScaleSettings,
 }
 #: Longer spellings users reach for (DESIGN.md's names); same sections.
 _SECTION_ALIASES = {"peer_outlier": "outlier", "replica_consistency": "replica", "nan": "nan_origin"}

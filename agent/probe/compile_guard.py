@@ -66,6 +66,28 @@ def passthrough(wrapper: Any, plain: Any) -> None:
     _wrappers[wrapper] = (wrapper.__code__, plain.__code__)
 
 
+def graph_safe_hook(impl: Callable[[Any], None]) -> Callable[[Any], None]:
+    """A gradient hook that calls ``impl(grad)`` eagerly and never changes the gradient.
+
+    A tensor hook goes wherever its tensor goes: a hooked activation handed to the user's
+    own ``@ms.jit`` helper (a fused activation, a loss, amp's gradient scaling) gets the
+    hook parsed into that graph, where the ``try`` that keeps ``impl``'s errors out of
+    training cannot compile. While MindSpore compiles, the hook wears an identity body,
+    so the graph holds ``return grad``; eager backward still runs the real one."""
+    def hook(grad):  # noqa: ANN001
+        try:
+            impl(grad)
+        except Exception:  # noqa: BLE001 - impl reports its own errors; none reaches training
+            pass
+        return None  # never replace the gradient
+
+    def graph_form(grad):  # noqa: ANN001
+        return grad
+        impl(grad)  # unreachable: keeps hook's free variables
+    passthrough(hook, graph_form)
+    return hook
+
+
 def api_wrapped(owner: Any, attr: str, wrapper: Any, orig: Any) -> None:
     """``owner.attr`` is rankscope's ``wrapper`` of ``orig``: put back inside PIJit calls."""
     with _lock:

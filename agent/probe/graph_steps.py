@@ -29,6 +29,9 @@ PIJIT_STEP = object()
 #: the call's end is the step's.
 JIT_STEP = object()
 _active: list["GraphSteps"] = []
+#: Calls of a jit function that stepped nothing under a loss scale before it is taken for
+#: not a training step (a static scale's overflow steps move no state at all).
+_ASK_AGAIN = 16
 
 
 class GraphSteps:
@@ -51,6 +54,12 @@ class GraphSteps:
         self._jit_kinds: "weakref.WeakKeyDictionary[Any, list]" = weakref.WeakKeyDictionary()
         #: The optimizers the script made (the sentinels' constructor patch sees them).
         self.known_optimizers: Callable[[], list] = lambda: []
+        #: The loss scalers' state as numbers (LossScales.state): an update skipped for an
+        #: overflow advances no optimizer, but the scaler's scale or counter moves.
+        self.scale_state: Callable[[], tuple] = lambda: ()
+        #: Called before a jit function's first call under a loss scale (its scale record).
+        self.before_learning: Callable[[], None] = lambda: None
+        self._undecided: dict[int, int] = {}  # id(fn) -> calls that stepped nothing under a loss scale
         #: PIJit calls under way (outermost first): (fn, optimizers or None, counters).
         self._pijit: list[tuple[Any, Any, Any]] = []
         self._around = (self.pijit_enter, self.pijit_leave)
@@ -133,6 +142,9 @@ class GraphSteps:
             counters = _step_counters(self.known_optimizers())
             if not counters:
                 return orig(ex, *args, **kwargs)
+            scales = self.scale_state()
+            if scales:
+                self.before_learning()  # the scale it may step with, read before it moves
         elif not opts:
             return orig(ex, *args, **kwargs)
         else:
@@ -140,18 +152,31 @@ class GraphSteps:
             self.sync.enter(GRAPH)
         out = orig(ex, *args, **kwargs)
         if counters is not None:
-            opts = self._learn_kinds(fn, counters)
+            opts = self._learn_kinds(fn, counters, scales)
             if not opts:
                 return out
         else:
             self.sync.leave(GRAPH)
         return self._after(JIT_STEP, out, "jit")
 
-    def _learn_kinds(self, fn: Any, counters: dict) -> list:
+    def _learn_kinds(self, fn: Any, counters: dict, scales: tuple = ()) -> list:
         """After a jit/PIJit function's first call: the optimizers it stepped (none: not a
-        training step), remembered for its later calls."""
+        training step), remembered for its later calls.
+
+        Under a loss scale a step may skip its update (an overflow, as the first steps of
+        a float16 job do): the scaler's state moving says it was a step all the same. A
+        static scale moves nothing, so a call that stepped nothing is asked again, a few
+        times, before it is taken for not a step."""
         now = _step_counters(list(counters))
         opts = [o for o, v in counters.items() if now.get(o) != v]
+        if not opts and scales:
+            if self.scale_state() != scales:
+                opts = list(counters)
+            else:
+                tries = self._undecided.get(id(fn), 0) + 1
+                self._undecided[id(fn)] = tries
+                if tries < _ASK_AGAIN:
+                    return opts
         try:
             self._jit_kinds[fn] = opts
         except TypeError:  # an unhashable callable: asked again next call

@@ -34,6 +34,8 @@ class GraphWatch:
         self.report = WatchReporter()
         self.steps = GraphSteps(dbg.sync, self._before, self._after, dbg.recorder.error)
         self.steps.known_optimizers = lambda: list(dbg.sentinels.optimizers)
+        self.steps.scale_state = dbg.sentinels.loss_scales.state
+        self.steps.before_learning = dbg.sentinels.loss_scales.record_now
         #: Set by autoattach: a compiled training step has ended (the session ends the
         #: step unless Model.train's callback does). A script's own debugger leaves it
         #: None: its own ``step()`` calls end the steps.
@@ -139,6 +141,7 @@ class GraphWatch:
         s = self.dbg.sentinels
         if not s.enabled:
             return
+        s.loss_scales.record_now()  # the scale this compiled step multiplies its loss by
         for opt in optimizers:
             s.optimizers.add(opt)
             s.note_stepping(opt)

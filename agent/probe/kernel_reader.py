@@ -124,7 +124,7 @@ class KernelReader:
         c.high_water_iterations = max(c.high_water_iterations, len(todo))
         rows: list[KernelRow] = []
         on_disk = 0
-        for graph_id, _, it_dir in todo:
+        for graph_id, iteration, it_dir in todo:
             order = self._order_of(root, graph_id)
             try:
                 got, names, size = self._read_iteration(it_dir, graph_id, order)
@@ -132,7 +132,7 @@ class KernelReader:
                 # Listed on the training thread while its deletion, queued after the
                 # last read, had not run yet: read and gone already.
                 continue
-            rows += got
+            rows += _in_run_order(got, (graph_id, iteration))
             on_disk += size
             c.iterations += 1
             if self.dump.own:
@@ -242,6 +242,22 @@ def match_by_shape(kernels: list[tuple[int, tuple]], params: list[tuple[str, tup
     return out  # type: ignore[return-value]
 
 
+def _in_run_order(rows: list[KernelRow], where: tuple) -> list[KernelRow]:
+    """Order keys for one iteration folder's rows, led by ``where`` (graph, iteration).
+
+    A graph run more than once before its folder is read (a jit helper called by every
+    layer of an eager forward) leaves one file per run under the same name, told apart
+    only by the timestamp in the file name; the folder lists them in no set order. So
+    the k-th run of a kernel, by timestamp, is run k: every rank then hands the
+    coordinator the runs in the same order, and its call index pairs run k with run k."""
+    runs: dict[str, int] = {}
+    for r in sorted(rows, key=lambda r: r.order[-1]):
+        k = runs.get(r.name, 0)
+        runs[r.name] = k + 1
+        r.order = (*where, k, *r.order[1:-1])
+    return rows
+
+
 def _move_all(src: Path, dest: Path) -> None:
     dest.mkdir(parents=True, exist_ok=True)
     for entry in os.scandir(src):
@@ -271,8 +287,9 @@ def _kind(t: KernelTensor) -> Kind:
 
 
 def _order(t: KernelTensor, graph_id: int, order: dict[str, int]) -> tuple:
+    """(graph, position in its execution order, input before output, slot, timestamp)."""
     pos = order.get(t.op_name, len(order) + 1)
-    return (graph_id, pos, 0 if t.io == "input" else 1, t.slot)
+    return (graph_id, pos, 0 if t.io == "input" else 1, t.slot, t.timestamp)
 
 
 def _dtype_name(dtype: str) -> str:

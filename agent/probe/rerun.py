@@ -27,7 +27,7 @@ import numpy as np
 
 from rankscope.probe import layout_probe, replay
 from rankscope.probe.call_outputs import leaves, measure
-from rankscope.probe.rerun_gate import AnomalyGate
+from rankscope.probe.rerun_gate import OVERFLOW, AnomalyGate
 from rankscope.probe.stats import is_tensor, to_numpy
 from rankscope.wire import rerun_facts as facts
 
@@ -48,6 +48,8 @@ class Rerunner:
         self.outcomes: list[dict] = []  # what was said, newest last (bounded by MAX_RERUNS)
         self._streak = False
         self._cells: dict[int, Any] = {}  # id(function differentiated) -> its Cell
+        #: Whether the job runs under a loss scale (the sentinels' LossScales.active).
+        self.loss_scaled: Callable[[], bool] = lambda: False
 
     def before(self, site: tuple[Any, Any, list[str]]) -> tuple[Any, int, Any] | None:
         """What the step's call must be re-run from: taken before it runs (a few µs; under
@@ -79,6 +81,8 @@ class Rerunner:
         try:
             loss, gnorm = measure(out)
             trigger = self.gate.judge(loss, gnorm)
+            if trigger == OVERFLOW and self.loss_scaled():
+                return out  # under a loss scale: the scaler skips this update, a re-run tells nothing
             if not trigger:
                 self._streak = False
                 self.gate.learn(loss, gnorm)
@@ -192,6 +196,7 @@ def attach(dbg: Any) -> Rerunner:
     if r.replayer is not None:
         r.enabled = True  # a replay process replays whatever its config says of re-runs
     dbg.sentinels.rerun = r
+    r.loss_scaled = lambda: dbg.sentinels.loss_scales.active
     return r
 
 

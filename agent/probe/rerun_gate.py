@@ -29,6 +29,10 @@ class GateSettings:
     spike: float = 10.0
 
 
+#: The trigger of a finite loss with gradients that are not: under a loss scale, an overflow.
+OVERFLOW = "gradients that are not finite before the reduction"
+
+
 class AnomalyGate:
     def __init__(self, settings: GateSettings | None = None) -> None:
         self.settings = settings or GateSettings()
@@ -40,7 +44,7 @@ class AnomalyGate:
         if loss is not None and not math.isfinite(loss):
             return "a loss that is not finite"
         if grad_norm is not None and not math.isfinite(grad_norm):
-            return "gradients that are not finite before the reduction"
+            return OVERFLOW
         s = self.settings
         if loss is not None and len(self._loss) >= s.warmup:
             hist = np.fromiter(self._loss, float)

@@ -27,6 +27,7 @@ from typing import Any, Callable
 
 from rankscope.probe import compile_guard, layout_probe
 from rankscope.probe.hooks.recorder import Recorder
+from rankscope.probe.loss_scale import LossScales
 from rankscope.probe.sentinel_patches import _active, _install_patches, _patches, _reducer_names, _restore_patches
 from rankscope.probe.sync_tracker import SyncTracker
 from rankscope.wire.records import Kind
@@ -59,11 +60,18 @@ class Sentinels:
         self.on_grad_fn: Callable[[Any, Any], None] | None = None
         #: Re-runs an anomalous value_and_grad call (rankscope.probe.rerun.Rerunner), or None.
         self.rerun: Any = None
+        #: The job's loss scale (float16): one record a step, and the end of a step whose
+        #: update was skipped for overflowed gradients (no optimizer call ends it).
+        self.loss_scales = LossScales(rec, self._step_done)
 
     # ------------------------------------------------------------------ attach
     def attach(self) -> None:
         from mindspore import nn
         self.enabled = True
+        try:
+            self.loss_scales.attach()
+        except Exception as exc:  # noqa: BLE001 - the rest is watched as before
+            self.rec.error("finding the loss scale", exc)
         if self not in _active:
             _active.append(self)
         if not _patches:
@@ -81,6 +89,7 @@ class Sentinels:
 
     def detach(self) -> None:
         self.enabled = False
+        self.loss_scales.detach()
         for h in self._handles:
             try:
                 h.remove()
@@ -94,6 +103,7 @@ class Sentinels:
             _restore_patches()
 
     def new_step(self) -> None:
+        self.loss_scales.new_step()
         self._reduced_this_step = False
         self._loss_recorded = False
         self._snapshot_taken = False
@@ -221,6 +231,11 @@ class Sentinels:
                 self.snapshot_end(only=opt)
             except Exception as exc:  # noqa: BLE001
                 self.rec.error("step-end parameter sentinel", exc)
+        self._step_done()
+        return None
+
+    def _step_done(self) -> None:
+        """The step's update ran, or was skipped for overflowed gradients: it ends here."""
         if self.enabled and self.on_optimizer_done is not None:
             try:
                 self.on_optimizer_done()
@@ -229,7 +244,6 @@ class Sentinels:
                 if isinstance(exc, RankscopeTerminated):
                     raise
                 self.rec.error("step end after optimizer", exc)
-        return None
 
     def _reducer_pre_hook(self, reducer: Any, args: tuple) -> None:
         if self.enabled and self.sync is not None:

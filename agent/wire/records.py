@@ -50,6 +50,11 @@ class Kind(enum.IntEnum):
     SAVED = 7
 
 
+#: The loss scale a step's loss was multiplied by (float16 training), an OPT_STATE row:
+#: a job that sends it runs under a loss scale, and the coordinator tells its overflow
+#: steps from faults by it.
+LOSS_SCALE_RECORD = "Sentinel.loss_scale"
+
 #: Kinds that data parallelism keeps bit-identical across a group.
 REPLICATED_KINDS = frozenset({Kind.PARAM, Kind.GRAD_REDUCED, Kind.OPT_STATE})
 #: Kinds measured before any collective could spread a fault to other ranks.

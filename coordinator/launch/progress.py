@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from rankscope.coordinator.launch.watched import attached_ranks
+from rankscope.coordinator.logic.verdict import JOB_WIDE
 from rankscope.wire.spans import rank_span
 from rankscope.wire.watch_line import watch_line
 
@@ -70,7 +71,11 @@ class ProgressPrinter:
                              f"state {shown(inc.get('state'))}")
                     continue
                 split = undecided(inc)
-                if split:
+                if job_wide(inc):
+                    self.say(f"JOB-WIDE: {shown(inc.get('detector'))} at step {shown(inc.get('step'))}: "
+                             f"{(inc.get('evidence') or {}).get('rule', '')}; no rank named, exported, the job runs "
+                             f"on; state {shown(inc.get('state'))}")
+                elif split:
                     self.say(f"UNDECIDED: {shown(inc.get('detector'))}: {rank_span(split)} disagree at step "
                              f"{shown(inc.get('step'))} ({what_of(inc)}) and nothing tells which is wrong; "
                              f"exported, the job runs on; state {shown(inc.get('state'))}")
@@ -126,6 +131,12 @@ def undecided(incident: dict[str, Any]) -> list[int]:
                   if r is not None)
 
 
+def job_wide(incident: dict[str, Any]) -> str:
+    """For a finding every rank runs (no rank is wrong, the job is), the sentence that says
+    so; "" for any other."""
+    return str((incident.get("evidence") or {}).get(JOB_WIDE) or "")
+
+
 def what_of(incident: dict[str, Any]) -> str:
     """The tensor a value finding names, or how a failed rank failed."""
     if incident.get("tensor"):
@@ -148,6 +159,8 @@ def format_verdict(incident: dict[str, Any], undecided_note: str = LIVE_UNDECIDE
     split = undecided(incident)
     if split:
         head = f"no rank named: {rank_span(split)} disagree, and nothing tells which is wrong ({undecided_note})"
+    if job_wide(incident):
+        head = f"no rank named: {job_wide(incident)} ({undecided_note})"
     if incident.get("detector") == "manual":
         head = f"no divergence named: bundles exported on an operator's request at step {shown(incident.get('step'))}"
     lines = [

@@ -7,6 +7,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from rankscope.coordinator.logic.aligner import RankRecord, RankState
+from rankscope.coordinator.logic.detectors.loss_scale import LossScaleDetector
+from rankscope.coordinator.logic.detectors.loss_scale import status_of as loss_scale_status
 from rankscope.coordinator.logic.detectors.replica import ReplicaDetector, healed_summary
 from rankscope.coordinator.logic.stops import stop_of
 from rankscope.wire.sync import OUT
@@ -33,7 +35,22 @@ def coverage_report(self: "CoordinatorCore", job: str) -> dict[str, Any]:
     healed = healed_splits(self, job)
     if healed["count"]:
         report["replica_splits_healed"] = healed
+    scale = loss_scale(self, job)
+    if scale is not None:
+        report["loss_scale"] = scale
     return report
+
+
+def loss_scale(self: "CoordinatorCore", job: str) -> dict[str, Any] | None:
+    """The job's loss scale and its overflow steps (:mod:`.detectors.loss_scale`), or None
+    when the job runs without one. Groups of one job share the scale; their counts add."""
+    found = [s for g in self.aligner.groups.values() if g.job == job
+             for s in [loss_scale_status(g.state.get(LossScaleDetector.name, {}))] if s is not None]
+    if not found:
+        return None
+    first = found[0]
+    return {"scale": first["scale"], "overflow_steps": max(s["overflow_steps"] for s in found),
+            "recent_overflows": first["recent_overflows"], "streak": max(s["streak"] for s in found)}
 
 
 def healed_splits(self: "CoordinatorCore", job: str) -> dict[str, Any]:
@@ -79,6 +96,7 @@ def status(self: "CoordinatorCore") -> dict[str, Any]:
         j["verdicts_past_incident_cap"] = self.book.capped.get(job, 0)
         j["reruns"] = self.book.reruns.strikes(job)
         j["replica_splits_healed"] = healed_splits(self, job)
+        j["loss_scale"] = loss_scale(self, job)
     return {
         "jobs": jobs, "pending_steps": self.aligner.pending_steps(), "counters": dict(self.aligner.counters),
         "steps_judged": self.aligner.counters["steps_judged"], "records": self.aligner.counters["records"],

@@ -17,6 +17,7 @@ class StepDetector(Protocol):
 
 def build_step_detectors(settings: ClusterSettings) -> list[Any]:
     # Imported here so each detector module stays importable (and testable) on its own.
+    from rankscope.coordinator.logic.detectors.loss_scale import LossScaleDetector
     from rankscope.coordinator.logic.detectors.moved import ParamMovedDetector
     from rankscope.coordinator.logic.detectors.nan_origin import NanOriginDetector
     from rankscope.coordinator.logic.detectors.outlier import OutlierDetector
@@ -25,6 +26,8 @@ def build_step_detectors(settings: ClusterSettings) -> list[Any]:
 
     d = settings.detectors
     out: list[Any] = []
+    if d.loss_scale.enabled:  # first: it tells the others which non-finite values a loss scale caught
+        out.append(LossScaleDetector(d.loss_scale))
     if d.nan_origin.enabled:
         kinds = _kinds(d.nan_origin.kinds)
         out.append(NanOriginDetector(None if kinds >= _kinds(tuple(k.name for k in Kind)) else kinds))

@@ -6,7 +6,10 @@ from typing import Any
 
 #: Detector names in the order a user trusts them (DESIGN "How a divergence is found");
 #: verdicts of one judged step are returned in this order.
-TRUST_ORDER = ("nan_origin", "replica", "param_moved", "outlier", "progress", "watchpoint")
+#: The evidence key of a finding every rank runs (a job-wide fault: code, data or
+#: configuration); its value says so in a sentence. Such a verdict names no rank.
+JOB_WIDE = "every_rank"
+TRUST_ORDER = ("nan_origin", "replica", "param_moved", "outlier", "progress", "loss_scale", "watchpoint")
 
 
 @dataclass

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from rankscope.coordinator.logic.incident_store import iso
+from rankscope.coordinator.logic.verdict import JOB_WIDE
 from rankscope.coordinator.report import findings, plots, proof
 from rankscope.coordinator.report.context import (
     Links,
@@ -106,6 +107,9 @@ def verdict_line(incident: dict) -> str:
     ev = incident.get("evidence") or {}
     if det == "manual":
         return f"Bundles exported on an operator's request at step {step} (no divergence was named)"
+    if incident.get("decided") is False and ev.get(JOB_WIDE):
+        return (f"Every rank at step {step}: {ev.get('rule', det)}. {str(ev[JOB_WIDE]).capitalize()}: no rank "
+                "is named, and the job was left running")
     if incident.get("decided") is False:
         who = ", ".join(str(r) for r in incident.get("undecided_between") or [])
         return (f"Ranks {who} disagree at step {step} and nothing tells which of them is wrong: no rank is "

@@ -366,3 +366,37 @@ def test_closing_removes_rankscope_s_own_scratch_folder_and_never_a_user_s(tmp_p
         reader.collect()
         reader.close()
         assert root.exists() is not own
+
+
+def test_a_graph_run_twice_before_its_folder_is_read_hands_its_runs_over_in_time_order(tmp_path, monkeypatch):
+    """A jit helper every layer calls leaves one file per run under the same name in one
+    folder; the folder lists them in no set order, so the runs are put in timestamp order
+    and every rank's k-th record of that name is the same run."""
+    root = tmp_path / "kernels"
+    op = "Default_AllReduce-op1"
+    order_csv(root, [op])
+    d = root / "rank_0" / "rankscope" / "0" / "0"
+    runs = {30: 3.0, 10: 1.0, 20: 2.0}  # timestamp -> what that run received
+    for ts, value in runs.items():
+        write(d, "AllReduce", op, "input", 0, np.full(4, value, np.float32), ts)
+        write(d, "AllReduce", op, "output", 0, np.full(4, value * 4, np.float32), ts + 1)
+    listed = os.scandir
+
+    def backwards(path):  # a directory that lists the newest run first
+        entries = sorted(listed(path), key=lambda e: e.name, reverse=True)
+
+        class _Listing(list):
+            def __enter__(self):
+                return self
+
+            def __exit__(self, *exc):
+                return False
+        return _Listing(entries)
+    monkeypatch.setattr("rankscope.probe.kernel_reader.os.scandir", backwards)
+    reader = KernelReader(KernelDump(root, True, "tensor", "kernels AllReduce"), lambda *_: None)
+    reader.submit()
+    rows = reader.collect()
+    outs = [r.stats.max for r in rows if r.name.endswith(".output.0")]
+    assert outs == [4.0, 8.0, 12.0]
+    assert [r.stats.max for r in rows][:2] == [1.0, 4.0]  # a run's input, then its output
+    reader.close()

@@ -156,11 +156,11 @@ class CellHooks:
     def _pgrad_hook(self, prefix: str, pname: str):
         rec = self
 
-        def pgrad_hook(grad):  # noqa: ANN001
+        def record(grad):  # noqa: ANN001
             r = rec.rec
             try:
                 if not r.dumping:
-                    return None
+                    return
                 seen = rec._pgrad_seen.setdefault(prefix, set())
                 if pname in seen:  # a second gradient computation for this cell
                     rec._pgrad_count[prefix] = rec._pgrad_count.get(prefix, 0) + 1
@@ -171,10 +171,4 @@ class CellHooks:
                     r.put(name, {pname: [r.tensor(f"{name}.{pname}", Kind.GRAD_LOCAL, grad)]})
             except Exception as exc:  # noqa: BLE001
                 r.error(f"{prefix}.{pname} parameter grad hook", exc)
-            return None  # never replace the gradient
-
-        def graph_form(grad):  # noqa: ANN001 - what a compile (jit) of pgrad_hook sees
-            return grad
-            print(rec, prefix, pname)  # unreachable: keeps pgrad_hook's free variables
-        compile_guard.passthrough(pgrad_hook, graph_form)
-        return pgrad_hook
+        return compile_guard.graph_safe_hook(record)

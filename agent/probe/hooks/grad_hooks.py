@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from rankscope.probe import compile_guard
 from rankscope.wire.records import Kind
 
 
@@ -80,15 +81,15 @@ class GradHooks:
     def _grad_hook(self, bname: str, bparent: str | None, io: str, i: int, n: int):
         r = self
 
-        def grad_hook(grad):  # noqa: ANN001
+        def record(grad):  # noqa: ANN001
             try:
                 if not r.dumping:
-                    return None
+                    return
                 entry = r.entries.get(bname)
                 if entry is None:
                     if bname in r._unwanted or not r.wants(bname):
                         r._unwanted.add(bname)  # its other gradients are not asked again
-                        return None
+                        return
                     entry = {"input": [], "output": []}
                     r.put(bname, entry, bparent)
                 slots = entry[io]
@@ -97,13 +98,11 @@ class GradHooks:
                 slots[i] = r.tensor(f"{bname}.{io}.{i}", Kind.BACKWARD, grad)
             except Exception as exc:  # noqa: BLE001
                 r.error(f"{bname} grad hook", exc)
-            return None  # never replace the gradient
-        return grad_hook
+        return compile_guard.graph_safe_hook(record)
 
 
 def _fan_out(hooks: list) -> Callable[[Any], None]:
-    def grad_hook(grad):  # noqa: ANN001
+    def record(grad):  # noqa: ANN001
         for hook in hooks:
             hook(grad)
-        return None  # never replace the gradient
-    return grad_hook
+    return compile_guard.graph_safe_hook(record)

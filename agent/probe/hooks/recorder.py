@@ -14,6 +14,7 @@ import sys
 import traceback
 from typing import Any, Callable
 
+from rankscope.probe import compile_guard
 from rankscope.probe.hooks.grad_hooks import GradHooks
 from rankscope.probe.stats import TensorStats, is_tensor, tensor_stats
 from rankscope.wire.records import NO_CRC, Kind, NameTable, StepBatchBuilder
@@ -224,15 +225,14 @@ class Recorder(GradHooks):
             return
         bkey = f"{name}_grad.{n}.debug"
 
-        def grad_hook(grad):  # noqa: ANN001
+        def record(grad):  # noqa: ANN001
             try:
                 self.entries[bkey] = self.tensor(bkey, Kind.SAVED, grad)
                 self.construct.setdefault(bkey, None)
             except Exception as exc:  # noqa: BLE001
                 self.error(f"save {name} backward", exc)
-            return None
         try:
-            variable.register_hook(grad_hook)
+            variable.register_hook(compile_guard.graph_safe_hook(record))
         except Exception:  # noqa: BLE001 - not in a graph: no gradient to save
             pass
 

@@ -31,6 +31,7 @@ from rankscope.coordinator.logic.detectors.common import (
     make_verdict,
     stats_dict,
 )
+from rankscope.coordinator.logic.detectors.loss_scale import GRADIENT_KINDS, OVERFLOW, SCALED
 from rankscope.coordinator.logic.detectors.named import call_inputs, collective_io
 from rankscope.coordinator.logic.verdict import Verdict
 from rankscope.wire.records import PRE_REDUCTION_KINDS
@@ -52,9 +53,14 @@ class NanOriginDetector:
         self.kinds = kinds  # None: every kind
 
     def judge(self, view: StepView, state: dict) -> list[Verdict]:
+        if view.cache.get(OVERFLOW):
+            return []  # gradients a loss scale caught (detectors.loss_scale), nothing else
         bad = view.present & ((view.nan > 0) | (view.inf > 0))
         if self.kinds is not None:
             bad &= kind_mask(view.kind, self.kinds)[None, :]
+        if view.cache.get(SCALED):  # a gradient's Inf may be the loss scale's: the other records first
+            outside = bad & ~kind_mask(view.kind, GRADIENT_KINDS)[None, :]
+            bad = outside if outside.any() else bad
         if not bad.any():
             return []
         pre = bad & kind_mask(view.kind, _PRE)[None, :]
