@@ -50,7 +50,8 @@ def loss_scale(self: "CoordinatorCore", job: str) -> dict[str, Any] | None:
         return None
     first = found[0]
     return {"scale": first["scale"], "overflow_steps": max(s["overflow_steps"] for s in found),
-            "recent_overflows": first["recent_overflows"], "streak": max(s["streak"] for s in found)}
+            "recent_overflows": first["recent_overflows"], "streak": max(s["streak"] for s in found),
+            "scale_changes": first["scale_changes"]}
 
 
 def healed_splits(self: "CoordinatorCore", job: str) -> dict[str, Any]:

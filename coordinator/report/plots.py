@@ -210,3 +210,31 @@ def curve_svg(history: dict | None, incident: dict, key: str) -> str | None:
     ax.grid(True, color="#eee", linewidth=0.6)
     ax.set_title(title, loc="left")
     return to_svg(fig)
+
+
+def scale_svg(scale: dict, incident: dict) -> str | None:
+    """The loss scale over steps (a step function through its changes, log 2 axis), its
+    overflow steps marked and the verdict's step drawn: how the scaler got there."""
+    changes = [(int(st), float(v)) for st, v in scale.get("scale_changes") or [] if v and v > 0]
+    if not changes:
+        return None
+    overflows = [(int(o["step"]), float(o["scale"])) for o in scale.get("recent_overflows") or []
+                 if o.get("scale")]
+    step = incident.get("step")
+    last = max([changes[-1][0], *(s for s, _ in overflows), *([step] if isinstance(step, int) else [])])
+    xs = [s for s, _ in changes] + [last]
+    ys = [v for _, v in changes] + [changes[-1][1]]
+    fig = figure(9.0, 2.8)
+    ax = fig.add_subplot()
+    ax.step(xs, ys, where="post", color="#2f6f8f", linewidth=1.6, label="loss scale")
+    if overflows:
+        ax.plot([s for s, _ in overflows], [v for _, v in overflows], "x", color=NAMED_COLOUR, markersize=7,
+                label=f"overflow, update skipped (newest {len(overflows)})")
+    if isinstance(step, int):
+        ax.axvline(step, color="#555555", linestyle="--", linewidth=1.0)
+    ax.set_yscale("log", base=2)
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss scale")
+    ax.set_title("Loss scale (float16)")
+    ax.legend(loc="best", fontsize=8)
+    return to_svg(fig)

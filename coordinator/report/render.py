@@ -188,6 +188,13 @@ def _pictures(incident: dict, history: dict | None) -> str:
         svg = plots.curve_svg(history, incident, key)
         if svg:
             out.append(f'<figure id="curve-{key}" class="curve-plot" data-metric="{key}">{svg}</figure>')
+    scale = history.get("loss_scale")
+    svg = plots.scale_svg(scale, incident) if scale else None
+    if svg:
+        out.append(f'<figure id="curve-loss-scale" class="curve-plot" data-metric="loss_scale">{svg}<figcaption>'
+                   f'The loss scale the job multiplied its loss by ({scale["overflow_steps"]} overflow step(s) in all, '
+                   "marked: gradients overflowed and the update was skipped, healthy float16 training, not a "
+                   "finding).</figcaption></figure>")
     return "".join(out) or muted("Nothing to plot.")
 
 

@@ -18,6 +18,7 @@ import logging
 from pathlib import Path
 from typing import Any, Callable
 
+from rankscope.coordinator.logic import core_status
 from rankscope.coordinator.logic.incident import Action, ActionKind
 from rankscope.coordinator.report.history import history_from_series, save_history
 from rankscope.rdr.transfer import BundleAssembler
@@ -96,6 +97,9 @@ class ActionPerformer:
                 group = next((g for g in self.core.series.to_dict() if g.startswith(group[:-1])), None)
             series = self.core.series.to_dict(group).get(group) if group else None
             history = history_from_series(series, self._around(verdict))
+            scale = core_status.loss_scale(self.core, job) if job else None
+            if history is not None and scale is not None:
+                history["loss_scale"] = scale  # the report draws the scale and marks its overflow steps
             rank_map = list(self.core.rank_maps.get(job, []))
             self._submit(write_report_files, path.parent, history, rank_map)
 

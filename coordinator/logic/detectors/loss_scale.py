@@ -41,6 +41,8 @@ GRADIENT_KINDS = frozenset({int(Kind.BACKWARD), int(Kind.GRAD_LOCAL), int(Kind.G
 _OWN_GRADIENTS = frozenset({int(Kind.BACKWARD), int(Kind.GRAD_LOCAL)})
 #: The overflow steps kept for status and coverage (the count is kept in full).
 RECENT = 16
+#: The newest changes of the scale kept (step, scale): the report draws the scale from them.
+CHANGES = 64
 OVERFLOW = "overflow"  # view.cache key: this step's non-finite gradients are a loss-scale overflow
 SCALED = "loss_scaled"  # view.cache key: the job runs under a loss scale
 
@@ -54,6 +56,9 @@ class LossScaleDetector:
     def judge(self, view: StepView, state: dict[str, Any]) -> list[Verdict]:
         scale = _scale_of(view, state)
         if scale is not None:
+            changes = state.setdefault("changes", deque(maxlen=CHANGES))
+            if not changes or changes[-1][1] != scale:
+                changes.append((view.step, scale))
             state["scale"] = scale
         elif not state.get("scaled"):
             return []
@@ -120,7 +125,8 @@ def status_of(state: dict[str, Any]) -> dict[str, Any] | None:
     if not state.get("scaled"):
         return None
     return {"scale": state.get("scale"), "overflow_steps": int(state.get("overflow_steps", 0)),
-            "recent_overflows": list(state.get("recent") or ()), "streak": int(state.get("streak", 0))}
+            "recent_overflows": list(state.get("recent") or ()), "streak": int(state.get("streak", 0)),
+            "scale_changes": [list(c) for c in state.get("changes") or ()]}
 
 
 def _scale_of(view: StepView, state: dict[str, Any]) -> float | None:

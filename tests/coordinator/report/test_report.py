@@ -230,3 +230,19 @@ def test_the_report_shows_a_findings_hint_under_its_verdict(tmp_path):
                                                    "hint": "give every rank the same seed <mindspore.set_seed>"}}))
     page = render_report(d).read_text()
     assert '<span id="hint">give every rank the same seed &lt;mindspore.set_seed&gt;</span>' in page
+
+
+def test_a_job_under_a_loss_scale_gets_its_scale_drawn_with_the_overflow_steps_marked(tmp_path):
+    d = _incident(tmp_path)
+    history = json.loads((d / "history.json").read_text())
+    history["loss_scale"] = {
+        "scale": 2.0 ** 17, "overflow_steps": 3, "streak": 0,
+        "scale_changes": [[0, 2.0 ** 19], [1, 2.0 ** 18], [2, 2.0 ** 17]],
+        "recent_overflows": [{"step": s, "scale": 2.0 ** (19 - s), "ranks_overflowed": 4, "ranks": 6}
+                             for s in range(2)] + [{"step": 9, "scale": 2.0 ** 17, "ranks_overflowed": 1, "ranks": 6}],
+    }
+    save_history(d, history)
+    page = render_report(d).read_text()
+    assert page.count("<svg") == 4  # heatmap, loss, gradient norm, and the scale
+    figure = page[page.index('id="curve-loss-scale"'):]
+    assert "3 overflow step(s) in all" in figure[:figure.index("</figure>")]
