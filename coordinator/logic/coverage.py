@@ -272,7 +272,17 @@ def describe(report: dict[str, Any]) -> str:
         parts.append(what)
     parts += [f"rank {e['rank']} lost after step {e['through']}" if e["through"] >= lo else f"rank {e['rank']} lost"
               for e in report.get("lost") or [] if not any(n["rank"] == e["rank"] for n in report["not_seen"])]
-    return line + ("; " + "; ".join(parts) if parts else "") + _stop_text(report, "; ")
+    return line + ("; " + "; ".join(parts) if parts else "") + _stop_text(report, "; ") + _scale_text(report)
+
+
+def _scale_text(report: dict[str, Any]) -> str:
+    """A job under a loss scale: its overflow steps, which are healthy and no finding."""
+    scale = report.get("loss_scale")
+    if not scale or not scale.get("overflow_steps"):
+        return ""
+    now = scale.get("scale")
+    return (f"; loss scale {now:g}" if isinstance(now, (int, float)) else "; loss scale") + \
+        f": {scale['overflow_steps']} overflow step(s), the update skipped by the scaler (no finding)"
 
 
 def _stop_text(report: dict[str, Any], sep: str) -> str:

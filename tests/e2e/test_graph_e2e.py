@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from launched import explain
 
 from rankscope.coordinator.cli.demo import msrun_command
 
@@ -44,13 +45,6 @@ def launch(tmp_path: Path, fault: str | None, steps: int = 6, action: str = "ter
     incidents = [json.loads(p.read_text()) for p in sorted((out / "incidents").glob("*/incident.json"))] \
         if (out / "incidents").exists() else []
     return proc, out, incidents
-
-
-def explain(proc, out: Path) -> str:
-    logs = ""
-    for log in sorted((out / "msrun_logs").glob("worker_*.log"))[:4]:
-        logs += f"\n--- {log.name}\n" + "\n".join(log.read_text(errors="replace").splitlines()[-15:])
-    return f"exit {proc.returncode}\nstdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-2000:]}{logs}"
 
 
 def test_clean_graph_job_runs_untouched_and_every_rank_says_it_is_watched(tmp_path):

@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from launched import explain
 
 from rankscope.coordinator.cli.demo import msrun_command
 
@@ -38,13 +39,6 @@ def launch(tmp_path: Path, job: str, env_extra: dict[str, str], action: str = "t
     incidents = [json.loads(p.read_text()) for p in sorted((out / "incidents").glob("*/incident.json"))] \
         if (out / "incidents").exists() else []
     return proc, out, incidents
-
-
-def explain(proc, out: Path) -> str:
-    logs = ""
-    for log in sorted((out / "msrun_logs").glob("worker_*.log"))[:4]:
-        logs += f"\n--- {log.name}\n" + "\n".join(log.read_text(errors="replace").splitlines()[-12:])
-    return f"exit {proc.returncode}\nstdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-2000:]}{logs}"
 
 
 def steps_printed(out: Path) -> dict[int, list[str]]:
@@ -74,6 +68,7 @@ def test_a_clean_float16_job_overflowing_by_design_runs_to_its_end_with_its_over
     assert shown["recent_overflows"][0] == {"step": 0, "scale": 2.0 ** 24, "ranks_overflowed": RANKS, "ranks": RANKS}
     assert any(o["ranks_overflowed"] < RANKS for o in shown["recent_overflows"])  # one rank, at the ceiling
     assert "re-run" not in proc.stdout  # an overflow is the scaler's, never re-run
+    assert f"{len(skipped)} overflow step(s), the update skipped by the scaler (no finding)" in proc.stdout
 
 
 @pytest.mark.parametrize("fault, detector, tensor", [

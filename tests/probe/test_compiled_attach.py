@@ -12,6 +12,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from attached import run_script
 from repo_paths import REPO
 
 SCRIPT = textwrap.dedent("""
@@ -101,15 +102,7 @@ SCRIPT = textwrap.dedent("""
 
 
 def run(tmp_path: Path, style: str, attach: bool) -> tuple[dict, str]:
-    path = tmp_path / "train.py"
-    path.write_text(SCRIPT)
-    env = dict(os.environ)
-    env.pop("RANKSCOPE_AGENT", None)
-    env.update({"RANKSCOPE_ATTACH": "1" if attach else "0", "RANKSCOPE_DUMP_PATH": str(tmp_path / "dump"),
-                "PYTHONPATH": os.pathsep.join([str(REPO / "agent" / "_attach"), str(REPO)]), "GLOG_v": "3"})
-    proc = subprocess.run([sys.executable, str(path), style], env=env, cwd=tmp_path, capture_output=True,
-                          text=True, timeout=240)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = run_script(tmp_path, SCRIPT, [style], attach)
     line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT "))
     return json.loads(line[7:]), proc.stderr
 

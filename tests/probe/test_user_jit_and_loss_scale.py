@@ -5,14 +5,11 @@ Real MindSpore in a subprocess started the way ``rankscope launch`` starts ranks
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
-from repo_paths import REPO
+from attached import run_script
 
 SCRIPT = textwrap.dedent("""
     import json, sys
@@ -107,15 +104,7 @@ SCRIPT = textwrap.dedent("""
 
 
 def run(tmp_path: Path, style: str, attach: bool) -> tuple[dict, dict | None, str]:
-    path = tmp_path / "train.py"
-    path.write_text(SCRIPT)
-    env = dict(os.environ)
-    env.pop("RANKSCOPE_AGENT", None)
-    env.update({"RANKSCOPE_ATTACH": "1" if attach else "0", "RANKSCOPE_DUMP_PATH": str(tmp_path / "dump"),
-                "PYTHONPATH": os.pathsep.join([str(REPO / "agent" / "_attach"), str(REPO)]), "GLOG_v": "3"})
-    proc = subprocess.run([sys.executable, str(path), style, "1" if attach else "0"], env=env, cwd=tmp_path,
-                          capture_output=True, text=True, timeout=240)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = run_script(tmp_path, SCRIPT, [style, "1" if attach else "0"], attach)
     out = {ln.split(" ", 1)[0]: json.loads(ln.split(" ", 1)[1]) for ln in proc.stdout.splitlines()
            if ln.startswith(("RESULT ", "SEEN "))}
     return out["RESULT"], out.get("SEEN"), proc.stderr

@@ -4,6 +4,7 @@ from __future__ import annotations
 from logic_helpers import FakeClock, feed_step
 
 from rankscope.coordinator.logic.core import CoordinatorCore
+from rankscope.coordinator.logic.coverage import describe
 from rankscope.coordinator.logic.synthetic import SyntheticTraining
 from rankscope.coordinator.logic.verdict import JOB_WIDE
 from rankscope.wire.records import LOSS_SCALE_RECORD, Kind
@@ -59,6 +60,7 @@ def test_the_scalers_search_and_a_lone_overflow_at_its_ceiling_are_counted_and_n
     assert [o["step"] for o in shown["recent_overflows"]] == [0, 1, 2, 3, 4, 9]
     assert shown["recent_overflows"][-1]["ranks_overflowed"] == 1
     assert core.status()["jobs"][sim.job]["loss_scale"]["overflow_steps"] == 6
+    assert "loss scale 262144: 6 overflow step(s)" in describe(core.coverage_report(sim.job))
 
 
 def test_without_a_loss_scale_the_same_overflow_is_a_nan_origin_as_before() -> None:
