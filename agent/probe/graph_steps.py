@@ -59,7 +59,10 @@ class GraphSteps:
         self.scale_state: Callable[[], tuple] = lambda: ()
         #: Called before a jit function's first call under a loss scale (its scale record).
         self.before_learning: Callable[[], None] = lambda: None
-        self._undecided: dict[int, int] = {}  # id(fn) -> calls that stepped nothing under a loss scale
+        self._undecided: dict[int, int] = {}
+        #: (fn, counters, output) of a jit call that moved neither an optimizer nor a scaler
+        #: while a loss scale is known: a step whose update was skipped, if adjust() says so.
+        self._unclaimed: tuple[Any, dict, Any] | None = None  # id(fn) -> calls that stepped nothing under a loss scale
         #: PIJit calls under way (outermost first): (fn, optimizers or None, counters).
         self._pijit: list[tuple[Any, Any, Any]] = []
         self._around = (self.pijit_enter, self.pijit_leave)
@@ -153,11 +156,27 @@ class GraphSteps:
         out = orig(ex, *args, **kwargs)
         if counters is not None:
             opts = self._learn_kinds(fn, counters, scales)
+            self._unclaimed = (fn, counters, out) if not opts and scales and fn not in self._jit_kinds else None
             if not opts:
                 return out
         else:
             self.sync.leave(GRAPH)
         return self._after(JIT_STEP, out, "jit")
+
+    def claim_overflow(self) -> bool:
+        """An eager ``adjust()`` saw non-finite gradients right after a jit call that moved
+        nothing: that call was a training step whose update was skipped (the scaler is
+        adjusted outside the jit function). It is learnt as a step and ends here."""
+        got, self._unclaimed = self._unclaimed, None
+        if got is None:
+            return False
+        fn, counters, out = got
+        try:
+            self._jit_kinds[fn] = list(counters)
+        except TypeError:
+            return False
+        self._after(JIT_STEP, out, "jit")
+        return True
 
     def _learn_kinds(self, fn: Any, counters: dict, scales: tuple = ()) -> list:
         """After a jit/PIJit function's first call: the optimizers it stepped (none: not a

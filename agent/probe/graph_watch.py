@@ -36,6 +36,7 @@ class GraphWatch:
         self.steps.known_optimizers = lambda: list(dbg.sentinels.optimizers)
         self.steps.scale_state = dbg.sentinels.loss_scales.state
         self.steps.before_learning = dbg.sentinels.loss_scales.record_now
+        dbg.sentinels.loss_scales.on_unclaimed_overflow = self.steps.claim_overflow
         #: Set by autoattach: a compiled training step has ended (the session ends the
         #: step unless Model.train's callback does). A script's own debugger leaves it
         #: None: its own ``step()`` calls end the steps.

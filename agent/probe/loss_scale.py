@@ -45,6 +45,8 @@ class LossScales:
         self.rec = rec
         #: Ends the step when an eager update was skipped for non-finite gradients.
         self.on_update_skipped = on_update_skipped
+        #: Claims the last jit call that moved nothing as a step (GraphSteps.claim_overflow).
+        self.on_unclaimed_overflow: Callable[[], bool] | None = None
         self.holders: "weakref.WeakSet[Any]" = weakref.WeakSet()
         self.enabled = False
         self.skipped_updates = 0  # steps whose adjust() saw non-finite gradients (eager)
@@ -96,8 +98,9 @@ class LossScales:
 
     def on_adjust(self, scaler: Any, grads_finite: Any) -> None:
         """Eager ``adjust()``: a step whose gradients were not finite skipped its update
-        and called no optimizer; it ends here."""
-        if not self._scaled:
+        and called no optimizer; it ends here. Where the loss was scaled inside a jit
+        function, that call was the step (``on_unclaimed_overflow``)."""
+        if not self._scaled and self.on_unclaimed_overflow is None:
             return
         try:
             finite = bool(grads_finite.asnumpy()) if hasattr(grads_finite, "asnumpy") else bool(grads_finite)
@@ -105,9 +108,12 @@ class LossScales:
             return
         if finite:
             return  # the optimizer ends (or ended) this step
-        self.skipped_updates += 1
-        if self.on_update_skipped is not None:
-            self.on_update_skipped()
+        if self._scaled:
+            self.skipped_updates += 1
+            if self.on_update_skipped is not None:
+                self.on_update_skipped()
+        elif self.on_unclaimed_overflow is not None and self.on_unclaimed_overflow():
+            self.skipped_updates += 1
 
     def record_now(self) -> None:
         """Before a compiled step: every holder's scale, read between steps."""

@@ -67,7 +67,7 @@ SCRIPT = textwrap.dedent("""
     grad_fn = ms.value_and_grad(forward, None, opt.parameters, has_aux=True)
 
 
-    def train_step(x, y):
+    def update(x, y):
         (_, loss), grads = grad_fn(x, y)
         if not scaled:
             opt(grads)
@@ -76,12 +76,20 @@ SCRIPT = textwrap.dedent("""
         finite = amp.all_finite(grads)
         if finite:
             opt(grads)
-        scaler.adjust(finite)
+        return loss, finite
+
+
+    def train_step(x, y):
+        loss, finite = update(x, y)
+        if scaled:
+            scaler.adjust(finite)
         return loss, finite
 
 
     if STYLE in ("jit_scale", "graph_scale"):
         train_step = ms.jit(train_step)
+    if STYLE == "jit_update":  # the scaler adjusted outside the jit function
+        update = ms.jit(update)
 
     losses, finite = [], []
     for i in range(8):
@@ -121,7 +129,7 @@ def test_jit_helpers_called_from_an_eager_forward_run_as_unwatched(tmp_path):
     assert not any("optimizer runs inside an @ms.jit" in ln for ln in lines), lines
 
 
-@pytest.mark.parametrize("style", ["loss_scale", "jit_scale", "graph_scale"])
+@pytest.mark.parametrize("style", ["loss_scale", "jit_scale", "graph_scale", "jit_update"])
 def test_a_float16_job_under_a_dynamic_loss_scale_runs_as_unwatched_one_step_per_iteration(tmp_path, style):
     plain, _, _ = run(tmp_path, style, attach=False)
     watched, seen, stderr = run(tmp_path, style, attach=True)

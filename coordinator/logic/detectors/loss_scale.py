@@ -32,6 +32,7 @@ import numpy as np
 from rankscope.config.detectors import LossScaleSettings
 from rankscope.coordinator.logic.aligner import StepView
 from rankscope.coordinator.logic.detectors.common import first_flagged, kind_mask
+from rankscope.coordinator.logic.detectors.named import reduced_inputs
 from rankscope.coordinator.logic.verdict import JOB_WIDE, Verdict
 from rankscope.wire.records import LOSS_SCALE_RECORD, Kind
 
@@ -67,11 +68,11 @@ class LossScaleDetector:
         if not bad.any():
             state["streak"], state["settled"], state["alone"] = 0, True, None
             return []
-        grads = kind_mask(view.kind, GRADIENT_KINDS)[None, :]
+        grads = gradient_columns(view)[None, :]
         if (bad & ~grads).any():
             return []  # a value no backward made: not the scale's business
         view.cache[OVERFLOW] = True
-        own = bad & kind_mask(view.kind, _OWN_GRADIENTS)[None, :]
+        own = bad & gradient_columns(view, own=True)[None, :]
         over = own.any(axis=1)  # rows whose own gradients overflowed
         state["overflow_steps"] = state.get("overflow_steps", 0) + 1
         recent = state.setdefault("recent", deque(maxlen=RECENT))
@@ -118,6 +119,15 @@ class LossScaleDetector:
         evidence[JOB_WIDE] = "every rank overflowed: the job, not one rank (code, data or configuration)"
         return _make(view, int(rows[0]) if rows.shape[0] else 0, None,
                      [int(r) for r in rows[1:]], evidence, decided=False)
+
+
+def gradient_columns(view: StepView, own: bool = False) -> np.ndarray:
+    """(K,) the columns that hold gradients (``own``: a rank's own, before any reduction):
+    by kind, and the inputs of a collective whose output is a reduced gradient."""
+    mask = kind_mask(view.kind, _OWN_GRADIENTS if own else GRADIENT_KINDS)
+    ins = reduced_inputs(view.keys, view.kind, int(Kind.GRAD_REDUCED))
+    mask[ins] = True
+    return mask
 
 
 def status_of(state: dict[str, Any]) -> dict[str, Any] | None:

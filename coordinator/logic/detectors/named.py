@@ -62,6 +62,19 @@ def call_inputs(keys: KeyTable, io: CollectiveIO) -> list[int]:
     return _parsed(keys).calls.get(io.call, {}).get("input", [])
 
 
+def reduced_inputs(keys: KeyTable, kinds: np.ndarray, reduced_kind: int) -> np.ndarray:
+    """Input columns of every collective call whose output is of ``reduced_kind`` (reduced
+    gradients): a rank's own gradients, whatever kind their record was given (a reducer's
+    AllReduce kernel inside a jit step keeps no Cell scope, so its input reads as forward)."""
+    out = []
+    width = kinds.shape[0]
+    for sides in _parsed(keys).calls.values():
+        outs = [c for c in sides.get("output", []) if c < width]
+        if outs and all(int(kinds[c]) == reduced_kind for c in outs):
+            out += [c for c in sides.get("input", []) if c < width]
+    return np.array(sorted(out), np.int64)
+
+
 def replicated_outputs(keys: KeyTable, width: int) -> np.ndarray:
     """Columns (< width) holding a collective's output that every rank of its group must
     hold bit for bit (a tensor-parallel AllReduce's result)."""

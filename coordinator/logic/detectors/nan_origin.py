@@ -31,7 +31,7 @@ from rankscope.coordinator.logic.detectors.common import (
     make_verdict,
     stats_dict,
 )
-from rankscope.coordinator.logic.detectors.loss_scale import GRADIENT_KINDS, OVERFLOW, SCALED
+from rankscope.coordinator.logic.detectors.loss_scale import OVERFLOW, SCALED, gradient_columns
 from rankscope.coordinator.logic.detectors.named import call_inputs, collective_io
 from rankscope.coordinator.logic.verdict import Verdict
 from rankscope.wire.records import PRE_REDUCTION_KINDS
@@ -59,7 +59,7 @@ class NanOriginDetector:
         if self.kinds is not None:
             bad &= kind_mask(view.kind, self.kinds)[None, :]
         if view.cache.get(SCALED):  # a gradient's Inf may be the loss scale's: the other records first
-            outside = bad & ~kind_mask(view.kind, GRADIENT_KINDS)[None, :]
+            outside = bad & ~gradient_columns(view)[None, :]
             bad = outside if outside.any() else bad
         if not bad.any():
             return []

@@ -19,12 +19,13 @@ def _scaled_job(ranks: int = 4, seed: int = 21) -> tuple[SyntheticTraining, int]
     return sim, col
 
 
-def _step(sim: SyntheticTraining, col: int | None, step: int, scale: float, overflow: list[int] | None = None):
+def _step(sim: SyntheticTraining, col: int | None, step: int, scale: float, overflow: list[int] | None = None,
+          grads: tuple[int, int] | None = None):
     """One step's batches; ``overflow``: the ranks whose own gradients overflow (every
-    rank's reduced gradients are then Inf, as the reduction makes them)."""
+    rank's reduced gradients are then Inf, as the reduction makes them); ``grads``: the
+    (local, reduced) columns that overflow, layer 2's by default."""
     batches = sim.batches(step)
-    local = sim.column("Sentinel.grad_local.layer2.")
-    reduced = sim.column("Sentinel.grad_reduced.layer2.")
+    local, reduced = grads or (sim.column("Sentinel.grad_local.layer2."), sim.column("Sentinel.grad_reduced.layer2."))
     for b in batches:
         if col is not None:
             b.stats[col] = (scale, scale, scale, scale)
@@ -129,3 +130,22 @@ def test_an_overflow_at_the_scales_floor_is_a_finding_at_once() -> None:
     steps = [_step(sim, col, 0, 1.0), _step(sim, col, 1, 1.0, overflow=[0, 1, 2, 3])]
     [v] = [v for v in _run(core, clock, steps) if v.detector == "loss_scale"]
     assert v.step == 1 and "floor" in v.evidence["rule"]
+
+
+def test_a_jit_steps_gradient_allreduce_read_from_the_kernel_dump_overflows_as_a_gradient() -> None:
+    """Inside a jit step the reducer's AllReduce kernel keeps no Cell scope: its input
+    reads as a forward record. Its output is a reduced gradient, so its input is a rank's
+    own gradient, and an overflow there is the scale's."""
+    clock, (sim, col) = FakeClock(), _scaled_job(seed=28)
+    local, reduced = sim.column("Sentinel.grad_local.layer2."), sim.column("Sentinel.grad_reduced.layer2.")
+    sim.names[local], sim.kinds[local] = "AllReduce.Default_AllReduce-op11.0.0.input.0", Kind.FORWARD
+    sim.names[reduced] = "AllReduce.Default_AllReduce-op11.0.0.output.0"
+    core = CoordinatorCore({}, clock=clock)
+    steps = [_step(sim, col, 0, 65536.0, [0, 1, 2, 3], (local, reduced)),
+             _step(sim, col, 1, 32768.0, [2], (local, reduced))]
+    assert _run(core, clock, steps) == []
+    assert core.coverage_report(sim.job)["loss_scale"]["recent_overflows"][1]["ranks_overflowed"] == 1
+    bad = _step(sim, col, 2, 32768.0, grads=(local, reduced))
+    bad[1].nan_count[sim.column("Cell.layer2.")] = 1  # a forward NaN is still one
+    [v] = [v for v in _run(core, clock, [bad]) if v.detector == "nan_origin"]
+    assert (v.rank, v.step) == (1, 2)
