@@ -99,6 +99,15 @@ def api_restored(owner: Any, attr: str) -> None:
         _apis.pop((id(owner), attr), None)
 
 
+def restore_patches(patches: list[tuple[Any, str, Any]]) -> None:
+    """Put back every (owner, attribute, original) of a module's process-wide patches,
+    newest first, and forget them here; ``patches`` is emptied."""
+    for owner, attr, orig in reversed(patches):
+        api_restored(owner, attr)
+        setattr(owner, attr, orig)
+    patches.clear()
+
+
 class _TensorHook:
     """A parameter's gradient hook, taken off for the length of each PIJit call (a
     hook, even one that does nothing, is part of the graph PIJit builds)."""
@@ -232,10 +241,7 @@ def _rebind() -> None:
 
 
 def uninstall() -> None:
-    for owner, attr, orig in reversed(_patches):
-        api_restored(owner, attr)
-        setattr(owner, attr, orig)
-    _patches.clear()
+    restore_patches(_patches)
 
 
 def _wrap(orig: Callable, kind: str) -> Callable:

@@ -287,10 +287,7 @@ def _install() -> None:
 
 
 def _restore() -> None:
-    for owner, attr, orig in reversed(_patches):
-        compile_guard.api_restored(owner, attr)
-        setattr(owner, attr, orig)
-    _patches.clear()
+    compile_guard.restore_patches(_patches)
 
 
 def loss_of(output: Any) -> Any:

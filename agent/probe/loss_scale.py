@@ -49,7 +49,6 @@ class LossScales:
         self.on_unclaimed_overflow: Callable[[], bool] | None = None
         self.holders: "weakref.WeakSet[Any]" = weakref.WeakSet()
         self.enabled = False
-        self.skipped_updates = 0  # steps whose adjust() saw non-finite gradients (eager)
         self._recorded = False
         self._scaled = False  # scale() ran in this step
 
@@ -109,11 +108,10 @@ class LossScales:
         if finite:
             return  # the optimizer ends (or ended) this step
         if self._scaled:
-            self.skipped_updates += 1
             if self.on_update_skipped is not None:
                 self.on_update_skipped()
-        elif self.on_unclaimed_overflow is not None and self.on_unclaimed_overflow():
-            self.skipped_updates += 1
+        elif self.on_unclaimed_overflow is not None:
+            self.on_unclaimed_overflow()
 
     def record_now(self) -> None:
         """Before a compiled step: every holder's scale, read between steps."""
@@ -170,10 +168,7 @@ def _install() -> None:
 
 
 def _restore() -> None:
-    for owner, attr, orig in reversed(_patches):
-        compile_guard.api_restored(owner, attr)
-        setattr(owner, attr, orig)
-    _patches.clear()
+    compile_guard.restore_patches(_patches)
 
 
 def _patch_init(cls: type) -> None:

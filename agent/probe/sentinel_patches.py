@@ -41,9 +41,7 @@ def _install_patches() -> None:
 
 
 def _restore_patches() -> None:
-    for owner, attr, orig in reversed(_patches):
-        setattr(owner, attr, orig)
-    _patches.clear()
+    compile_guard.restore_patches(_patches)
 
 
 def _patch_init(cls: type, hook_method: str, remember_params: bool = False) -> None:

@@ -49,7 +49,7 @@ class GradHooks:
                     self.queued_hooks.append((reg, hook))
                     continue
                 try:
-                    self._step_hooks.append(reg(hook))
+                    self._step_hooks.append(reg(compile_guard.graph_safe_hook(hook)))
                 except Exception:  # noqa: BLE001 - a tensor outside autograd: nothing to record
                     pass
 
@@ -63,7 +63,9 @@ class GradHooks:
             per_tensor.setdefault(id(getattr(reg, "__self__", reg)), (reg, []))[1].append(hook)
         for reg, hooks in per_tensor.values():
             try:
-                self._step_hooks.append(reg(hooks[0] if len(hooks) == 1 else _fan_out(hooks)))
+                # Graph-safe only here, where a hook meets a tensor: one per tensor, not per record.
+                self._step_hooks.append(reg(compile_guard.graph_safe_hook(hooks[0] if len(hooks) == 1 else
+                                                                          _fan_out(hooks))))
             except Exception:  # noqa: BLE001 - a tensor outside autograd: nothing to record
                 pass
 
@@ -78,7 +80,9 @@ class GradHooks:
             except Exception:  # noqa: BLE001 - a handle whose tensor is gone
                 pass
 
-    def _grad_hook(self, bname: str, bparent: str | None, io: str, i: int, n: int):
+    def _grad_hook(self, bname: str, bparent: str | None, io: str, i: int, n: int) -> Callable[[Any], None]:
+        """What one record does with a gradient (its own errors caught and logged); made
+        graph-safe where it is registered."""
         r = self
 
         def record(grad):  # noqa: ANN001
@@ -98,11 +102,11 @@ class GradHooks:
                 slots[i] = r.tensor(f"{bname}.{io}.{i}", Kind.BACKWARD, grad)
             except Exception as exc:  # noqa: BLE001
                 r.error(f"{bname} grad hook", exc)
-        return compile_guard.graph_safe_hook(record)
+        return record
 
 
 def _fan_out(hooks: list) -> Callable[[Any], None]:
     def record(grad):  # noqa: ANN001
         for hook in hooks:
             hook(grad)
-    return compile_guard.graph_safe_hook(record)
+    return record

@@ -46,6 +46,7 @@ RECENT = 16
 CHANGES = 64
 OVERFLOW = "overflow"  # view.cache key: this step's non-finite gradients are a loss-scale overflow
 SCALED = "loss_scaled"  # view.cache key: the job runs under a loss scale
+NONFINITE = "nonfinite"  # view.cache key: the (R, K) NaN/Inf mask
 
 
 class LossScaleDetector:
@@ -64,7 +65,7 @@ class LossScaleDetector:
         elif not state.get("scaled"):
             return []
         state["scaled"] = view.cache[SCALED] = True
-        bad = view.present & ((view.nan > 0) | (view.inf > 0))
+        bad = nonfinite(view)
         if not bad.any():
             state["streak"], state["settled"], state["alone"] = 0, True, None
             return []
@@ -121,6 +122,14 @@ class LossScaleDetector:
                      [int(r) for r in rows[1:]], evidence, decided=False)
 
 
+def nonfinite(view: StepView) -> np.ndarray:
+    """(R, K) records with a NaN or Inf, computed once a step for the detectors that ask."""
+    bad = view.cache.get(NONFINITE)
+    if bad is None:
+        bad = view.cache[NONFINITE] = view.present & ((view.nan > 0) | (view.inf > 0))
+    return bad
+
+
 def gradient_columns(view: StepView, own: bool = False) -> np.ndarray:
     """(K,) the columns that hold gradients (``own``: a rank's own, before any reduction):
     by kind, and the inputs of a collective whose output is a reduced gradient."""
@@ -140,11 +149,14 @@ def status_of(state: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def _scale_of(view: StepView, state: dict[str, Any]) -> float | None:
-    col = state.get("col")
+    """The step's scale (the median over the ranks that sent it). Every step of every job
+    comes here, most without a scale: columns are looked at once, as they appear."""
     names = view.keys.names
-    if col is None or col >= len(names) or names[col] != LOSS_SCALE_RECORD:
-        col = next((i for i, n in enumerate(names) if n == LOSS_SCALE_RECORD), None)
-        state["col"] = col
+    col = state.get("col")
+    if col is None:
+        seen = state.get("searched", 0)
+        col = next((i for i in range(seen, len(names)) if names[i] == LOSS_SCALE_RECORD), None)
+        state["col"], state["searched"] = col, len(names)
     if col is None or col >= view.present.shape[1]:
         return None
     rows = view.present[:, col]

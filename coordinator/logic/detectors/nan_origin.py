@@ -32,6 +32,7 @@ from rankscope.coordinator.logic.detectors.common import (
     stats_dict,
 )
 from rankscope.coordinator.logic.detectors.loss_scale import OVERFLOW, SCALED, gradient_columns
+from rankscope.coordinator.logic.detectors.loss_scale import nonfinite as nonfinite_mask
 from rankscope.coordinator.logic.detectors.named import call_inputs, collective_io
 from rankscope.coordinator.logic.verdict import Verdict
 from rankscope.wire.records import PRE_REDUCTION_KINDS
@@ -55,9 +56,9 @@ class NanOriginDetector:
     def judge(self, view: StepView, state: dict) -> list[Verdict]:
         if view.cache.get(OVERFLOW):
             return []  # gradients a loss scale caught (detectors.loss_scale), nothing else
-        bad = view.present & ((view.nan > 0) | (view.inf > 0))
+        bad = nonfinite_mask(view)
         if self.kinds is not None:
-            bad &= kind_mask(view.kind, self.kinds)[None, :]
+            bad = bad & kind_mask(view.kind, self.kinds)[None, :]  # a new array: the cached mask stays whole
         if view.cache.get(SCALED):  # a gradient's Inf may be the loss scale's: the other records first
             outside = bad & ~gradient_columns(view)[None, :]
             bad = outside if outside.any() else bad
