@@ -233,6 +233,8 @@ def scale_svg(scale: dict, incident: dict) -> str | None:
     if isinstance(step, int):
         ax.axvline(step, color="#555555", linestyle="--", linewidth=1.0)
     ax.set_yscale("log", base=2)
+    from matplotlib.ticker import MaxNLocator
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole numbers
     ax.set_xlabel("step")
     ax.set_ylabel("loss scale")
     ax.set_title("Loss scale (float16)")

@@ -191,10 +191,11 @@ def _pictures(incident: dict, history: dict | None) -> str:
     scale = history.get("loss_scale")
     svg = plots.scale_svg(scale, incident) if scale else None
     if svg:
+        what = ("the streak of them is this verdict's finding" if incident.get("detector") == "loss_scale" else
+                "under a loss scale that is healthy float16 training, not a finding")
         out.append(f'<figure id="curve-loss-scale" class="curve-plot" data-metric="loss_scale">{svg}<figcaption>'
                    f'The loss scale the job multiplied its loss by ({scale["overflow_steps"]} overflow step(s) in all, '
-                   "marked: gradients overflowed and the update was skipped, healthy float16 training, not a "
-                   "finding).</figcaption></figure>")
+                   f"marked: gradients overflowed and the update was skipped; {what}).</figcaption></figure>")
     return "".join(out) or muted("Nothing to plot.")
 
 
