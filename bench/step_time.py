@@ -1,6 +1,8 @@
 """Step time of a probed vs a plain training step.
 
-4-layer MLP (Dense 256x256 x3 + a 256->10 head, ReLU), batch 64, Adam, PyNative CPU.
+4-layer MLP (Dense WxW x3 + a W->10 head, ReLU; W = 256 unless ``--width``), batch 64, Adam,
+PyNative CPU, with the explicit in-rank API (bench/watch_cost.py measures the zero-code
+probe as launch runs it, across model sizes).
 Modes run in alternating rounds inside one process so machine noise hits all of them
 alike; the figure is the ratio of median step times vs plain.
 
@@ -23,15 +25,15 @@ import time
 import numpy as np
 
 
-def build():
+def build(width: int = 256):
     import mindspore as ms
     from mindspore import nn
 
     class MLP(nn.Cell):
         def __init__(self) -> None:
             super().__init__()
-            self.fc1, self.fc2, self.fc3 = nn.Dense(256, 256), nn.Dense(256, 256), nn.Dense(256, 256)
-            self.head = nn.Dense(256, 10)
+            self.fc1, self.fc2, self.fc3 = nn.Dense(width, width), nn.Dense(width, width), nn.Dense(width, width)
+            self.head = nn.Dense(width, 10)
             self.relu = nn.ReLU()
 
         def construct(self, x):
@@ -47,7 +49,7 @@ def build():
     return net, opt, grad_fn
 
 
-def run_mode(mode: str, steps: int, dump_root: str, data) -> tuple[list[float], list[float], list[float]]:
+def run_mode(mode: str, steps: int, dump_root: str, data, width: int = 256) -> tuple[list[float], list[float], list[float]]:
     """(wall, process CPU, training-thread CPU) seconds per step. CPU times are far less
     disturbed by other load than wall time; the process figure counts MindSpore's backend
     threads too, the thread figure only the Python thread where every hook runs."""
@@ -64,7 +66,7 @@ def run_mode(mode: str, steps: int, dump_root: str, data) -> tuple[list[float], 
             json.dump({"task": "statistics", "level": level, "dump_path": os.path.join(dump_root, mode),
                        "cluster": {"rerun": base == mode}}, f)
         dbg = PrecisionDebugger(config_path=cfg)
-    net, opt, grad_fn = build()
+    net, opt, grad_fn = build(width)
     times, cpu, thread = [], [], []
     for i in range(steps + 3):
         t0, c0, h0 = time.perf_counter(), time.process_time(), time.thread_time()
@@ -96,12 +98,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--modes", default="plain,sentinels,L0")
+    ap.add_argument("--width", type=int, default=256)
     args = ap.parse_args(argv)
     import mindspore as ms
     ms.set_context(mode=ms.PYNATIVE_MODE, device_target="CPU")
     ms.set_seed(0)
     rs = np.random.RandomState(0)
-    data = (ms.Tensor(rs.randn(64, 256).astype(np.float32)),
+    data = (ms.Tensor(rs.randn(64, args.width).astype(np.float32)),
             ms.Tensor(rs.randint(0, 10, 64).astype(np.int32)))
     modes = args.modes.split(",")
     if "plain" not in modes:
@@ -114,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
         for r in range(args.rounds):
             # rotate the order every round so no mode always follows the same one
             for m in modes[r % len(modes):] + modes[:r % len(modes)]:
-                wall, cpus, threads = run_mode(m, args.steps, root, data)
+                wall, cpus, threads = run_mode(m, args.steps, root, data, args.width)
                 samples[m] += wall
                 cpu[m] += cpus
                 thr[m] += threads

@@ -14,6 +14,8 @@ attaches the probe from outside. Run it under msrun (4 CPU ranks here):
   (default 50) before the reduction, as a faulty gradient kernel or a bad loss scale would.
 - ``perturb_weight``: fc2's weights on that rank are nudged by 1e-3 as the step begins,
   as a bit flip or a bad optimizer step would; replicas stop being identical.
+- ``bitflip``: the lowest bit of one of fc2's weights flips on that rank as the step
+  begins, as a memory fault would: the value moves by one part in ten million.
 - ``seed``: that rank initialises its model with a different seed.
 - ``kill``: that rank kills itself with SIGKILL in the middle of the step (after its
   backward, before the gradient AllReduce).
@@ -26,6 +28,7 @@ attaches the probe from outside. Run it under msrun (4 CPU ranks here):
 At the end each rank prints a CRC-32 of its weights (``rank R/N weights crc32 X``): the
 same on every rank of a healthy run, and the same as an unwatched run's.
 
+``TRAIN_HIDDEN`` (default 64) sets the hidden width (fc2 is HIDDEN x HIDDEN);
 ``TRAIN_STEPS`` (default 12) sets the number of steps; ``TRAIN_STEP_SLEEP`` (seconds,
 default 0) paces them, as a slow input pipeline would.
 """
@@ -42,7 +45,8 @@ import numpy as np
 from mindspore import nn, ops
 from mindspore.communication import get_group_size, get_rank, init
 
-IN, HIDDEN, OUT, BATCH = 32, 64, 8, 16
+IN, OUT, BATCH = 32, 8, 16
+HIDDEN = int(os.environ.get("TRAIN_HIDDEN", "64"))
 SEED = 1234
 
 
@@ -118,6 +122,10 @@ def main() -> int:
         if mine and mine[0] == "perturb_weight" and step == mine[2]:
             w = net.fc2.weight
             w.set_data(w + ops.ones_like(w) * 1e-3)
+        if mine and mine[0] == "bitflip" and step == mine[2]:
+            flipped = net.fc2.weight.asnumpy().copy()
+            flipped.view(np.uint32)[HIDDEN // 2, 7] ^= 1
+            net.fc2.weight.set_data(ms.Tensor(flipped))
         loss, grads = grad_fn(ms.Tensor(x), ms.Tensor(y))
         if mine and mine[0] == "kill" and step == mine[2]:
             # Mid-step, between backward and the AllReduce, as a crashed kernel would.

@@ -24,7 +24,7 @@ pytestmark = pytest.mark.timeout(300)
 
 USERS_MINDSPORE = "2.7.0"  # another 2.x than the one the tests run against
 STAND_INS = {"mindspore": USERS_MINDSPORE, "numpy": "1.26.0", "pyzmq": "26.0.0", "msgpack": "1.1.0",
-             "jsonschema": "4.23.0",
+             "jsonschema": "4.23.0", "xxhash": "3.5.0",
              "ray": "2.50.0", "matplotlib": "3.9.0"}
 
 

@@ -1,7 +1,7 @@
 """config.json's ``cluster`` section: where the node agent is and how ranks are compared.
 
 One schema for every process: the probe reads ``agent``, ``job``, ``sentinels``, ``rerun``, ``on_transient``,
-``on_terminate``, ``dp_index``, ``flight_recorder_steps`` and the ``dump_*`` retention; the coordinator reads the
+``watch``, ``budget``, ``on_terminate``, ``dp_index``, ``flight_recorder_steps`` and the ``dump_*`` retention; the coordinator reads the
 groups, deadlines, detectors and watchpoints; ``rankscope launch`` checks all of it
 before anything starts. Every error names the field and the value, because the section
 is hand-written.
@@ -25,6 +25,7 @@ from rankscope.config.layout import LayoutSpec, parse_layout
 from rankscope.config.watchpoints import WatchpointRule, parse_watchpoints
 from rankscope.wire.rerun_facts import ON_TRANSIENT
 from rankscope.wire.shards import check_shard_count
+from rankscope.wire.watch_line import DEFAULT_BUDGET, DEFAULT_TIER, TIERS
 
 
 class OnDivergence(str, enum.Enum):
@@ -108,6 +109,11 @@ class ClusterSettings:
     #: step goes on as made; the incident follows on_divergence), "skip" (the step goes on
     #: with the re-run's result; the incident exports and the job runs on) or "pause".
     on_transient: str = "continue"
+    #: The watch's tier (wire.watch_line.TIERS): "default" stays within ``budget`` of the
+    #: rank's median step (fingerprints rotate when they do not fit); "full" records
+    #: every parameter, optimizer state and gradient in full every step.
+    watch: str = DEFAULT_TIER
+    budget: float = DEFAULT_BUDGET
     #: The section as written (validated): what a process hands on to another.
     section: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
@@ -146,6 +152,13 @@ def parse_cluster(section: Mapping[str, Any] | None) -> ClusterSettings:
             kw[key] = choice(fld, val, ON_TERMINATE)
         elif key == "on_transient":
             kw[key] = choice(fld, val, ON_TRANSIENT)
+        elif key == "watch":
+            kw[key] = choice(fld, val, TIERS)
+        elif key == "budget":
+            share = positive_float(fld, val)
+            if share > 1:
+                raise ConfigError(fld, val, "expected the watch's share of a step, greater than 0 and at most 1")
+            kw[key] = share
         elif key in ("deadline_s", "pause_timeout_s", "export_timeout_s", "hang_timeout_s", "failure_settle_s",
                      "teardown_window_s", "max_pending_mb"):
             kw[key] = positive_float(fld, val)

@@ -21,8 +21,9 @@ def leaves(out: Any, names: list[str]) -> list[tuple[str, Any]]:
     return got
 
 
-def measure(out: Any) -> tuple[float | None, float | None]:
-    """(loss, norm of the gradients) of one call's result."""
+def measure(out: Any, squared_norm: Any = None) -> tuple[float | None, float | None]:
+    """(loss, norm of the gradients) of one call's result. ``squared_norm(g)``: a gradient's
+    squared norm read elsewhere this step, or None to read it here."""
     got = leaves(out, [])
     loss = None
     if got and got[0][0] == "loss":
@@ -31,6 +32,11 @@ def measure(out: Any) -> tuple[float | None, float | None]:
     sq, any_grad = 0.0, False
     for label, g in got:
         if label.startswith("grad "):
+            known = squared_norm(g) if squared_norm is not None else None
+            if known is not None:
+                sq += known
+                any_grad = True
+                continue
             arr, _ = to_numpy(g)
             if arr.dtype.kind == "f" and arr.size:
                 flat = arr.reshape(-1) if arr.dtype.itemsize >= 4 else arr.reshape(-1).astype(np.float32)

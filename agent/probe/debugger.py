@@ -32,6 +32,7 @@ from rankscope.probe.rank_env import device_side, make_flight_recorder, world_si
 from rankscope.probe.sentinels import Sentinels
 from rankscope.probe.sync_tracker import SyncTracker
 from rankscope.probe.token_range import TokenCounter, TokenRangeHooks, check_token_range
+from rankscope.probe.tiers import Tier
 from rankscope.probe.watch import GRADS_UNSEEN
 from rankscope.wire.attach_report import one_line, say_once, write_failure
 from rankscope.wire.layout import dump_label, position_file, rank_to_wire
@@ -117,6 +118,7 @@ class PrecisionDebugger:
         self.sentinels.record = cfg.cluster.sentinels
         self._guard("attaching sentinels", self._attach_sentinels)
         self.graph = GraphWatch(self)
+        self.tier = Tier(self)
         if cfg.level == KERNEL_LEVEL:  # no hooks: eager code has no kernel record to read
             self.graph.report.eager_unseen = (f"level {KERNEL_LEVEL} records the kernels of compiled code "
                                               "only; eager steps get no Cell/API data")
@@ -176,6 +178,7 @@ class PrecisionDebugger:
         self.apis.new_step()
         self.collectives.new_step()
         self.sentinels.new_step()
+        self._guard("the watch's tier", self.tier.step_ended)
         self.sync.new_step(self.current_step)
         if self.sentinels.unreduced_steps and not self.graph.report.grads_unseen and (world_size() or 1) > 1:
             self.graph.report.grads_unseen = GRADS_UNSEEN
@@ -226,6 +229,7 @@ class PrecisionDebugger:
         self.cells.detach()
         self.apis.detach()
         self.collectives.detach()
+        self.tier.say_final()
         self.sentinels.detach()
         self._guard("closing the graph watch", self.graph.close)
         if self._token_hooks is not None:

@@ -230,6 +230,8 @@ class GraphWatch:
         self._graph_in_step = False
         if self.report.said is None:
             self.report.say(self.dbg.rank, self.dbg.client)
+        else:
+            self.report.say_cost(self.dbg.rank, self.dbg.client)
         if not self._exit_late and self.dbg.client is not None:
             # Run before the node-agent client's own exit handler, which closes it: the
             # last compiled step is settled (sent) at exit.

@@ -45,11 +45,18 @@ class Rerunner:
         self.dump_path: str | None = None  # where a re-run step's replay record goes
         self.replayer: Any = None  # in a process rankscope rerun started: replay.Replayer
         self.reruns = 0
+        #: Calls that ran a collective: those could not be re-run (their peers would not join).
+        self.collective_calls = 0
         self.outcomes: list[dict] = []  # what was said, newest last (bounded by MAX_RERUNS)
         self._streak = False
         self._cells: dict[int, Any] = {}  # id(function differentiated) -> its Cell
         #: Whether the job runs under a loss scale (the sentinels' LossScales.active).
         self.loss_scaled: Callable[[], bool] = lambda: False
+        #: Before a re-run: puts the Cell hooks back and recording on when they were taken
+        #: off, returning what undoes it (rankscope.probe.tiers), or None: re-run muted.
+        self.deep: Callable[[], Callable[[], None] | None] | None = None
+        #: A gradient's squared norm when something already reads it once a step, else None.
+        self.squared_norm: Callable[[Any], float | None] = lambda g: None
 
     def before(self, site: tuple[Any, Any, list[str]]) -> tuple[Any, int, Any] | None:
         """What the step's call must be re-run from: taken before it runs (a few µs; under
@@ -78,8 +85,10 @@ class Rerunner:
             return out
         if self.replayer is not None and self.replayer.matches(site[2]):
             self.replayer.run(inner, site[1])  # ends the process
+        if getattr(self.sync, "changes", 0) != token[1]:
+            self.collective_calls += 1
         try:
-            loss, gnorm = measure(out)
+            loss, gnorm = measure(out, self.squared_norm)
             trigger = self.gate.judge(loss, gnorm)
             if trigger == OVERFLOW and self.loss_scaled():
                 return out  # under a loss scale: the scaler skips this update, a re-run tells nothing
@@ -147,21 +156,36 @@ class Rerunner:
         return ""
 
     def _again(self, inner: Callable, args: tuple, kwargs: dict, rng: Any, pre: Any) -> Any:
-        """The call once more, muted, from the step's RNG state (and, under ``skip``, its
+        """The call once more from the step's RNG state: muted, or recorded with the Cell
+        hooks put back when the default watch had taken them off (``deep``) (and, under ``skip``, its
         buffers as the step began); a string says why it could not be made. The caller
         puts the buffers back as it needs them."""
         import mindspore as ms
         after = _rng_state()
         if pre is not None:
             _put_back(pre)
-        dumping, self.rec.dumping = self.rec.dumping, False
+        undo = None
+        if self.deep is not None:
+            try:
+                undo = self.deep()
+            except Exception as exc:  # noqa: BLE001 - re-run muted, as with the hooks on
+                self.rec.error("deep capture of a re-run", exc)
+        dumping = self.rec.dumping
+        if undo is None:
+            self.rec.dumping = False
         try:
             ms.set_rng_state(rng)
             return inner(*args, **kwargs)
         except Exception as exc:  # noqa: BLE001
             return f"the re-run raised {type(exc).__name__}: {str(exc)[:120]}"
         finally:
-            self.rec.dumping = dumping
+            if undo is not None:
+                try:
+                    undo()
+                except Exception as exc:  # noqa: BLE001
+                    self.rec.error("ending the deep capture of a re-run", exc)
+            else:
+                self.rec.dumping = dumping
             if after is not None:
                 ms.set_rng_state(after)
 
@@ -197,6 +221,9 @@ def attach(dbg: Any) -> Rerunner:
         r.enabled = True  # a replay process replays whatever its config says of re-runs
     dbg.sentinels.rerun = r
     r.loss_scaled = lambda: dbg.sentinels.loss_scales.active
+    # The default tier's gradient rows read each gradient's squared norm once: shared.
+    r.squared_norm = lambda g: dbg.sentinels.vital.squared_norm(g) if dbg.sentinels.vital is not None \
+        and not dbg.sentinels.vital.device_side else None
     return r
 
 

@@ -12,6 +12,11 @@
 - ``Sentinel.param_end.<name>``: the same once the optimizer is done. A parameter whose
   next step starts from another value was changed outside the optimizer.
 
+That is the full tier (``cluster.watch: "full"``). The default tier records the same rows
+at a bounded cost (rankscope.probe.vital): gradients with a norm and non-finite counts
+from one pass, and weights, optimizer state and reduced gradients with a bit-exact
+fingerprint instead of a CRC-32 of a copy, spread over steps when they do not fit.
+
 Optimizers and reducers are Cells, so a forward(-pre) hook on the instance is enough;
 instances are found through a constructor patch (while any debugger is attached) plus
 one scan of live objects at attach time. ``mindspore.value_and_grad`` is patched to see
@@ -30,6 +35,7 @@ from rankscope.probe.hooks.recorder import Recorder
 from rankscope.probe.loss_scale import LossScales
 from rankscope.probe.sentinel_patches import _active, _install_patches, _patches, _reducer_names, _restore_patches
 from rankscope.probe.sync_tracker import SyncTracker
+from rankscope.probe.vital import VitalSigns
 from rankscope.wire.records import Kind
 
 
@@ -63,6 +69,9 @@ class Sentinels:
         #: The job's loss scale (float16): one record a step, and the end of a step whose
         #: update was skipped for overflowed gradients (no optimizer call ends it).
         self.loss_scales = LossScales(rec, self._step_done)
+        #: The default tier's rows (rankscope.probe.vital): fingerprints on rotation, one
+        #: pass per gradient; None under ``cluster.watch: "full"`` (every tensor, every step).
+        self.vital: VitalSigns | None = None
 
     # ------------------------------------------------------------------ attach
     def attach(self) -> None:
@@ -103,6 +112,8 @@ class Sentinels:
             _restore_patches()
 
     def new_step(self) -> None:
+        if self.vital is not None:
+            self.vital.step_ended()
         self.loss_scales.new_step()
         self._reduced_this_step = False
         self._loss_recorded = False
@@ -131,6 +142,9 @@ class Sentinels:
         r.resolve()  # keep record order: everything queued goes first
         for opt in [only] if only is not None else list(self.stepping):
             params, state = self._layout_of(opt)
+            if self.vital is not None:
+                self.vital.snapshot(opt, params, state, with_state=state_rows)
+                continue
             for name, p in params:
                 st = _stats_crc_later(p) if state_rows else _stats_crc_now(p)
                 r.param_cache[id(p)] = st
@@ -146,6 +160,9 @@ class Sentinels:
         r = self.rec
         _drain(r)
         for opt in [only] if only is not None else list(self.stepping):
+            if self.vital is not None:
+                self.vital.snapshot_end(opt, *self._layout_of(opt))
+                continue
             for name, p in self._layout_of(opt)[0]:
                 r.row_known(f"Sentinel.param_end.{name}", Kind.PARAM, _crc_only(p, now))
 
@@ -272,6 +289,9 @@ class Sentinels:
         return [str(i) for i in range(n)]
 
     def _record_grads(self, prefix: str, kind: Kind, grads: Any, names: list[str]) -> None:
+        if self.vital is not None:
+            self.vital.grad_rows(prefix, kind, grads, names)
+            return
         if not isinstance(grads, (tuple, list)):
             grads = (grads,)
         r = self.rec

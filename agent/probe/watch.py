@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from rankscope.wire import rerun_facts
-from rankscope.wire.watch_line import GRAPH, JIT, PYNATIVE, UNWATCHED, launch_prints_it, watch_line
+from rankscope.wire.watch_line import GRAPH, JIT, PYNATIVE, UNWATCHED, cost_text, launch_prints_it, watch_line
 
 
 @dataclass
@@ -23,12 +23,17 @@ class Watch:
     reason: str = ""
     #: Where an anomalous step cannot be re-run (the optimizer compiled with the backward).
     rerun: str = ""
+    #: The tier and what it costs (rankscope.probe.vital.VitalSigns.cost), when known.
+    cost: dict | None = None
 
     def line(self, rank: Any) -> str:
-        return watch_line(rank, self.mode, self.how, self.reason, rerun=self.rerun)
+        return watch_line(rank, self.mode, self.how, self.reason, rerun=self.rerun, cost=self.cost)
 
     def detail(self, rank: Any) -> dict:
-        return {"rank": rank, "mode": self.mode, "how": self.how, "reason": self.reason, "rerun": self.rerun}
+        d = {"rank": rank, "mode": self.mode, "how": self.how, "reason": self.reason, "rerun": self.rerun}
+        if self.cost:
+            d["cost"] = dict(self.cost)
+        return d
 
 
 #: Why nothing inside a PIJit call is seen: rankscope keeps out of the frames PIJit
@@ -62,6 +67,10 @@ class WatchReporter:
         self.silent = False  # handed over to the script's own debugger, which will say it
         self.serving: str | None = None  # class of the forward-only model found, if any
         self.grads_unseen = ""  # GRADS_UNSEEN when a multi-rank step reduced without a reducer
+        #: The watch's tier and cost now (set by the debugger), said with the line and
+        #: again whenever its plan (K) changes.
+        self.cost_of: Callable[[], dict | None] = lambda: None
+        self._plan_said: tuple | None = None
 
     def current(self) -> Watch:
         if self.jit_steps:
@@ -106,6 +115,34 @@ class WatchReporter:
                 (not final and not (self.graph_steps or self.eager_steps or self.jit_steps)):
             return None
         w = self.said = self.current()
+        w.cost = self._cost()
+        self._plan_said = _plan(w.cost)
+        return self._send(w, rank, client)
+
+    def say_cost(self, rank: Any, client: Any = None, final: bool = False) -> Watch | None:
+        """Tell the node agent the watch's cost again when its plan changed (K), and
+        ``final``ly its last measured cost. The rank's own log has its watch line once;
+        a run with no node agent gets the measured cost in one more line at its end."""
+        w = self.said
+        if w is None or self.silent or w.how == UNWATCHED:
+            return None
+        cost = self._cost()
+        if _plan(cost) == self._plan_said and not final:
+            return None
+        w.cost, self._plan_said = cost, _plan(cost)
+        sent = self._send(w, rank, client, quiet=True)
+        if final and client is None and isinstance((cost or {}).get("share"), (int, float)):
+            who = f"rank {rank}" if rank is not None else "this process"
+            print(f"[rankscope] {who}'s watch cost: {cost_text(cost)}", file=sys.stderr, flush=True)
+        return sent
+
+    def _cost(self) -> dict | None:
+        try:
+            return self.cost_of()
+        except Exception:  # noqa: BLE001 - the line stands without its cost
+            return None
+
+    def _send(self, w: Watch, rank: Any, client: Any, quiet: bool = False) -> Watch:
         sent = False
         if client is not None:
             try:
@@ -113,6 +150,11 @@ class WatchReporter:
                 sent = True
             except Exception:  # noqa: BLE001 - a full outbox: the log line stands
                 pass
-        if not (sent and launch_prints_it(sys.stderr)):  # launch would print the same line on the same file
+        if not quiet and not (sent and launch_prints_it(sys.stderr)):  # launch would print the same line
             print(f"[rankscope] {w.line(rank)}", file=sys.stderr, flush=True)
         return w
+
+
+def _plan(cost: dict | None) -> tuple | None:
+    """What a change of makes the line worth saying again: the tier, K, the Cell hooks."""
+    return None if not cost else (cost.get("tier"), cost.get("every"), cost.get("cells"))

@@ -114,7 +114,17 @@ SCHEMAS: dict[str, _Schema] = {
 
 #: STATUS ``watch``: how a rank is watched, said once per rank (probe.watch).
 WATCH_DETAIL: _Schema = {"rank": ((int, type(None)), True), "mode": ((str,), True),
-                         "how": ((str,), True), "reason": ((str,), True), "rerun": ((str,), False)}
+                         "how": ((str,), True), "reason": ((str,), True), "rerun": ((str,), False),
+                         # what the watch costs (probe.vital): said again when its plan changes
+                         "cost": ((dict,), False)}
+#: ``cost``: the tier, the budget (share of a step), K (weights fingerprinted every K
+#: steps), the measured share, bytes copied or moved to the host and bytes read a step,
+#: and whether the per-Cell hooks were kept ("on"/"off", None while measured) with their
+#: measured share of a step.
+WATCH_COST: _Schema = {"tier": ((str,), True), "budget": ((float, int), False), "every": ((int, type(None)), False),
+                       "share": ((float, int, type(None)), False), "host_bytes": (_INT, False),
+                       "read_bytes": (_INT, False), "cells": ((str, type(None)), False),
+                       "cells_share": ((float, int, type(None)), False)}
 WATCH_TEXT_MAX = 300
 #: STATUS ``dump``: what of a rank's local dump stays on disk (dump.retention), said when
 #: it first removes a step and when the rank closes.
@@ -295,6 +305,8 @@ def _check_watch(detail: Any) -> None:
     if not isinstance(detail, dict):
         raise ProtocolError("bad_field", "status.watch needs a detail map")
     _check_body_against("status.watch", WATCH_DETAIL, detail)
+    if "cost" in detail:
+        _check_body_against("status.watch.cost", WATCH_COST, detail["cost"])
     for key in ("mode", "how", "reason", "rerun"):
         if len(detail.get(key, "")) > WATCH_TEXT_MAX:
             raise ProtocolError("bad_field", f"status.watch.{key} is longer than {WATCH_TEXT_MAX}")

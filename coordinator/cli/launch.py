@@ -15,6 +15,7 @@ from rankscope.coordinator.launch import msrun_args, preflight
 from rankscope.coordinator.launch.preflight import UsageError
 from rankscope.coordinator.launch.runner import ACTIONS, Launch
 from rankscope.coordinator.launch.watched import UNWATCHED_EXIT
+from rankscope.wire.watch_line import TIERS
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -38,6 +39,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "(started by srun, systemd or the DaemonSet) instead of starting a coordinator "
                         "and an agent; the verdict is then the cluster coordinator's (rankscope status)")
     add_shards_option(p)
+    p.add_argument("--watch", choices=TIERS, default=None,
+                   help="what each rank records: 'default' stays within cluster.budget (5%%) of a step, "
+                        "vital signs every step and weight fingerprints spread over steps when they do not "
+                        "fit; 'full' records every parameter, optimizer state and gradient in full every "
+                        "step, for hunting (default: the config's, else 'default')")
     p.add_argument("--allow-unwatched", action="store_true",
                    help="exit with the command's status even if some or all ranks could not be attached "
                         f"(default: such a run exits {UNWATCHED_EXIT} after a successful command)")
@@ -70,6 +76,8 @@ def check_args(args: argparse.Namespace) -> dict:
     if args.config is not None:
         args.config = args.config.resolve()
     job = apply_shards(preflight.check_config(args.config, args.on_divergence), args.shards)
+    if args.watch is not None:
+        job["cluster"] = {**job.get("cluster", {}), "watch": args.watch}
     preflight.non_negative("--grace", args.grace)
     args.export_dir = preflight.writable_dir("--export-dir", args.export_dir)
     if args.log is not None:

@@ -11,7 +11,7 @@ from typing import Any, Callable
 from rankscope.coordinator.launch.watched import attached_ranks
 from rankscope.coordinator.logic.verdict import JOB_WIDE
 from rankscope.wire.spans import rank_span
-from rankscope.wire.watch_line import watch_line
+from rankscope.wire.watch_line import cost_text, merged_cost, watch_line
 
 
 class ProgressPrinter:
@@ -22,6 +22,7 @@ class ProgressPrinter:
         self._judged = -1
         self._incidents: set[str] = set()
         self._watch_said: set[str] = set()
+        self._plans: dict[str, tuple] = {}  # each rank's watch plan as last said: (tier, K)
         self._layout: dict[str, str] = {}
         #: Each rank's newest watch status, for the end-of-run lines.
         self.watch: dict[str, dict] = {}
@@ -38,9 +39,14 @@ class ProgressPrinter:
             w = info.get("watch")
             if isinstance(w, dict):
                 self.watch[r] = w
-                if r not in self._watch_said:
+                cost = w.get("cost") if isinstance(w.get("cost"), dict) else {}
+                plan = (cost.get("tier"), cost.get("every"), cost.get("cells"))
+                # Said again when the rank's watch plan changes (K, weights fingerprinted
+                # every K steps, and the Cell hooks kept or not, set once steps are measured).
+                if r not in self._watch_said or self._plans.get(r, plan) != plan:
                     self._watch_said.add(r)
                     new[r] = w
+                self._plans[r] = plan
         # Ranks that said alike at once share a line: under msrun each rank's own line is
         # echoed from its log too, and a thousand ranks must not print a thousand more.
         for line in watch_summary(new):
@@ -100,12 +106,18 @@ def watch_summary(watch: dict[str, dict], ranks: Any = ()) -> list[str]:
     """End-of-run lines: how each rank was watched, one line per way of watching (ranks
     watched alike share it, so a thousand-rank job does not print a thousand lines);
     ranks that never said are named."""
-    alike: dict[tuple[str, str, str, str], list[int]] = {}
+    alike: dict[tuple[str, str, str, str, str], list[int]] = {}
+    costs: dict[tuple[str, str, str, str, str], list[dict | None]] = {}
     for r, w in watch.items():
-        key = (str(w.get("mode", "?")), str(w.get("how", "?")), str(w.get("reason") or ""), str(w.get("rerun") or ""))
+        cost = w.get("cost") if isinstance(w.get("cost"), dict) else None
+        # Grouped by the plan, not by what each rank measured (that differs by a hair).
+        key = (str(w.get("mode", "?")), str(w.get("how", "?")), str(w.get("reason") or ""), str(w.get("rerun") or ""),
+               cost_text(cost, measured=False))
         alike.setdefault(key, []).append(int(r))
-    lines = [watch_line(None, mode, how, reason, who=rank_span(sorted(rs)), rerun=rerun)
-             for (mode, how, reason, rerun), rs in sorted(alike.items(), key=lambda kv: min(kv[1]))]
+        costs.setdefault(key, []).append(cost)
+    lines = [watch_line(None, mode, how, reason, who=rank_span(sorted(rs)), rerun=rerun,
+                     cost=merged_cost(costs[(mode, how, reason, rerun, plan)]))
+             for (mode, how, reason, rerun, plan), rs in sorted(alike.items(), key=lambda kv: min(kv[1]))]
     silent = sorted({int(r) for r in ranks} - {int(r) for r in watch})
     if silent:
         lines.append(f"{rank_span(silent)}: watch status unknown (never reported one)")

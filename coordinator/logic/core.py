@@ -180,7 +180,8 @@ class CoordinatorCore:
     def on_watch(self, job: str, rank: int, detail: dict[str, Any]) -> None:
         """The rank said how it is watched (validated by the wire decoder)."""
         watch = {k: detail[k] for k in ("mode", "how", "reason")}
-        self.aligner.rank(job, rank).watch = watch | ({"rerun": detail["rerun"]} if detail.get("rerun") else {})
+        watch |= {k: detail[k] for k in ("rerun", "cost") if detail.get(k)}
+        self.aligner.rank(job, rank).watch = watch
 
     def on_rank_finished(self, job: str, rank: int, last_step: int | None = None) -> None:
         rec = self.aligner.rank(job, rank)

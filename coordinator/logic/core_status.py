@@ -38,6 +38,9 @@ def coverage_report(self: "CoordinatorCore", job: str) -> dict[str, Any]:
     scale = loss_scale(self, job)
     if scale is not None:
         report["loss_scale"] = scale
+    cost = watch_cost(mine)
+    if cost is not None:
+        report["watch_cost"] = cost
     return report
 
 
@@ -118,3 +121,16 @@ def _last_run(rec: RankRecord) -> int:
     if rec.sync is not None and rec.sync.phase == OUT:
         out = max(out, rec.sync.step)
     return out
+
+
+def watch_cost(recs: list) -> dict[str, Any] | None:
+    """What each rank's watch cost, as it last said (probe.vital), and the bound it sets:
+    ``fingerprint_every_steps`` is the largest K, the most steps a silent change of a
+    weight can go unnamed; None when no rank said."""
+    per = {str(rec.rank): dict(rec.watch["cost"]) for rec in recs
+           if isinstance(rec.watch, dict) and isinstance(rec.watch.get("cost"), dict)}
+    if not per:
+        return None
+    every = max((int(c.get("every") or 1) for c in per.values()), default=1)  # None: not planned yet
+    tiers = sorted({str(c.get("tier")) for c in per.values()})
+    return {"tiers": tiers, "fingerprint_every_steps": every, "ranks": per}

@@ -272,7 +272,18 @@ def describe(report: dict[str, Any]) -> str:
         parts.append(what)
     parts += [f"rank {e['rank']} lost after step {e['through']}" if e["through"] >= lo else f"rank {e['rank']} lost"
               for e in report.get("lost") or [] if not any(n["rank"] == e["rank"] for n in report["not_seen"])]
-    return line + ("; " + "; ".join(parts) if parts else "") + _stop_text(report, "; ") + _scale_text(report)
+    return line + ("; " + "; ".join(parts) if parts else "") + _stop_text(report, "; ") + _scale_text(report) \
+        + _cost_text(report)
+
+
+def _cost_text(report: dict[str, Any]) -> str:
+    """Where the default watch spread the weights' fingerprints over steps: how late a
+    silent weight change can be named."""
+    every = (report.get("watch_cost") or {}).get("fingerprint_every_steps") or 1
+    if every <= 1:
+        return ""
+    return f"; weights fingerprinted every {every} steps to stay within the watch's budget " \
+        f"(a silent weight change is named up to {every - 1} step(s) late; --watch full checks every step)"
 
 
 def _scale_text(report: dict[str, Any]) -> str:

@@ -127,6 +127,9 @@ def test_to_dict_is_json_round_trippable(tmp_path):
     ({"cluster": {"dp_index": -2}}, "cluster.dp_index", -2),
     ({"cluster": {"detectors": []}}, "cluster.detectors", []),
     ({"cluster": {"watchpoints": {}}}, "cluster.watchpoints", {}),
+    ({"cluster": {"watch": "light"}}, "cluster.watch", "light"),
+    ({"cluster": {"budget": 0}}, "cluster.budget", 0),
+    ({"cluster": {"budget": 5}}, "cluster.budget", 5),
     ({"cluster": "on"}, "cluster", "on"),
 ])
 def test_bad_fields_name_field_and_value(tmp_path, raw, field, value):

@@ -95,9 +95,22 @@ def test_plain_script_is_probed_without_code_changes(tmp_path):
     got = dumps(tmp_path)
     assert sorted(got) == [0, 1, 2]  # one step per optimizer call
     for data in got.values():
-        assert {"Cell.fc1.Dense.forward.0", "Cell.head.Dense.backward.0",
-                "Cell.fc1.Dense.parameters_grad.0"} <= set(data)
+        assert {"Cell.fc1.Dense.forward.0", "Cell.head.Dense.backward.0"} <= set(data)
+        # The default watch leaves weights and their gradients to the sentinels' rows.
+        assert not any(".parameters_grad." in k for k in data)
+        assert "parameters" not in data["Cell.fc1.Dense.forward.0"]
         assert not any(k.endswith("forward.1") for k in data)
+
+
+def test_the_full_watch_keeps_msprobes_whole_l0_dump(tmp_path):
+    config = tmp_path / "full.json"
+    config.write_text(json.dumps({"task": "statistics", "level": "L0", "cluster": {"watch": "full"}}))
+    script = PLAIN.format(debugger_setup="", debugger_start="pass", debugger_end="pass")
+    proc = run(script, tmp_path, {"RANKSCOPE_CONFIG": str(config)})
+    assert "full watch: every parameter" in proc.stderr
+    for data in dumps(tmp_path).values():
+        assert "Cell.fc1.Dense.parameters_grad.0" in data
+        assert "weight" in data["Cell.fc1.Dense.forward.0"]["parameters"]
 
 
 def test_explicit_debugger_under_launch_is_not_hooked_twice(tmp_path):
@@ -189,5 +202,5 @@ def test_a_shape_check_forward_before_the_optimizer_is_not_left_as_serving(tmp_p
     got = dumps(tmp_path)
     assert sorted(got) == [0, 1, 2]
     for data in got.values():
-        assert "Cell.fc1.Dense.forward.0" in data and "Cell.fc1.Dense.parameters_grad.0" in data
+        assert "Cell.fc1.Dense.forward.0" in data and "Cell.fc1.Dense.backward.0" in data
         assert not any(k.endswith("forward.1") for k in data)

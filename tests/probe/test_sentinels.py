@@ -11,6 +11,7 @@ ms = pytest.importorskip("mindspore")
 from mindspore import nn  # noqa: E402
 
 from rankscope import PrecisionDebugger  # noqa: E402
+from rankscope.probe import fingerprint  # noqa: E402
 from rankscope.wire.records import Kind  # noqa: E402
 
 ms.set_context(mode=ms.PYNATIVE_MODE, device_target="CPU")
@@ -50,8 +51,21 @@ def data(step):
     return ms.Tensor(rs.randn(6, 5).astype(np.float32)), ms.Tensor(rs.randn(6, 2).astype(np.float32))
 
 
-def test_param_and_opt_state_crc_are_the_values_the_step_started_from(tmp_path):
-    dbg = PrecisionDebugger(dump_path=str(tmp_path), level="L0")  # sentinels only: no model
+def debugger(tmp_path, tier: str) -> PrecisionDebugger:
+    cfg = tmp_path.parent / f"{tmp_path.name}-{tier}.json"
+    cfg.write_text(json.dumps({"task": "statistics", "level": "L0", "cluster": {"watch": tier}}))
+    return PrecisionDebugger(config_path=str(cfg), dump_path=str(tmp_path))
+
+
+def checksum(tier: str, arr: np.ndarray) -> int:
+    """What a row's checksum field holds: CRC-32 under the full watch, the default watch's
+    fingerprint otherwise."""
+    return zlib.crc32(arr.tobytes()) if tier == "full" else fingerprint.host_fingerprint(arr)
+
+
+@pytest.mark.parametrize("tier", ["full", "default"])
+def test_param_and_opt_state_crc_are_the_values_the_step_started_from(tmp_path, tier):
+    dbg = debugger(tmp_path, tier)  # sentinels only: no model
     net, opt, grad_fn, _ = setup()
     before = []
     for step in range(3):
@@ -66,11 +80,14 @@ def test_param_and_opt_state_crc_are_the_values_the_step_started_from(tmp_path):
         r = rows(dbg, step)
         w = before[step]["0.weight"]
         kind, stats, crc, _ = r["Sentinel.param.0.weight"]
-        assert kind == Kind.PARAM and crc == zlib.crc32(w.tobytes())
-        assert stats[0] == pytest.approx(float(w.max()))
+        assert kind == Kind.PARAM and crc == checksum(tier, w)
+        if tier == "full":
+            assert stats[0] == pytest.approx(float(w.max()))
+        else:  # one read of the weight: its fingerprint, no statistics
+            assert np.isnan(stats).all()
         m = before[step]["moment1.0.weight"]
         kind, _, crc, _ = r["Sentinel.opt_state.moment1.0.weight"]
-        assert kind == Kind.OPT_STATE and crc == zlib.crc32(m.tobytes())
+        assert kind == Kind.OPT_STATE and crc == checksum(tier, m)
     assert rows(dbg, 1)["Sentinel.param.0.weight"][2] != rows(dbg, 2)["Sentinel.param.0.weight"][2]
 
 
@@ -93,8 +110,9 @@ def test_loss_and_grads_handed_to_the_optimizer_without_a_reducer(tmp_path):
     assert dbg.sentinels.unreduced_steps == 1  # what makes a multi-rank run say local grads are unseen
 
 
-def test_reducer_input_is_local_and_output_is_reduced(tmp_path):
-    dbg = PrecisionDebugger(dump_path=str(tmp_path), level="L0")
+@pytest.mark.parametrize("tier", ["full", "default"])
+def test_reducer_input_is_local_and_output_is_reduced(tmp_path, tier):
+    dbg = debugger(tmp_path, tier)
     net, opt, grad_fn, reducer = setup(reducer_scale=0.25)
     x, y = data(1)
     x_np = x.asnumpy()
@@ -110,7 +128,8 @@ def test_reducer_input_is_local_and_output_is_reduced(tmp_path):
     kind, stats, _, nan = r["Sentinel.grad_local.2.weight"]
     assert kind == Kind.GRAD_LOCAL
     k2, stats2, crc2, _ = r["Sentinel.grad_reduced.2.weight"]
-    assert k2 == Kind.GRAD_REDUCED and crc2 == zlib.crc32((local * 0.25).astype(np.float32).tobytes())
+    assert k2 == Kind.GRAD_REDUCED and crc2 == checksum(tier, (local * 0.25).astype(np.float32))
+    assert stats2[3] == pytest.approx(float(np.linalg.norm(local * 0.25)), rel=1e-5)
     assert r["Sentinel.grad_local.0.weight"][3] > 0  # the NaN reaches fc1's weight gradient
     # local grads are recorded once per step (at the reducer, not again at the optimizer)
     names = [dbg.recorder.names.name(int(i)) for i in dbg.flight_recorder.batches()[-1].name_ids]

@@ -157,3 +157,56 @@ def test_a_rank_whose_whole_step_runs_compiled_says_it_cannot_be_re_run():
     core.on_watch("j", 1, {**GOOD, "rank": 1, "rerun": "no re-run on an anomaly: x"})
     watch = core.status()["jobs"]["j"]["ranks"]["1"]["watch"]
     assert watch_summary({"1": watch}, ["1"]) == ["rank 1: GRAPH mode, watched through the kernel dump; no re-run on an anomaly: x"]
+
+
+COST = {"tier": "default", "budget": 0.05, "every": 8, "share": 0.041, "host_bytes": 0, "read_bytes": 268435456,
+        "cells": "off", "cells_share": 0.21}
+
+
+def test_the_watch_cost_travels_validated_and_reads_as_one_phrase():
+    msg = Decoder("j").decode_or_raise(frame({**GOOD, "cost": COST}))
+    assert msg.body["detail"]["cost"] == COST
+    with pytest.raises(ProtocolError, match="cost.every"):
+        Decoder("j").decode_or_raise(frame({**GOOD, "cost": {**COST, "every": "8"}}))
+    with pytest.raises(ProtocolError, match="cost.tier"):
+        Decoder("j").decode_or_raise(frame({**GOOD, "cost": {"every": 8}}))
+    line = watch_line(2, "PyNative", "hooks", cost=COST)
+    assert line.startswith("rank 2: PyNative mode, watched through hooks; default watch within 5% of a step, "
+                           "each weight fingerprinted every 8 steps (a silent weight change is named up to 7 step(s) late)")
+    assert "per-Cell hooks off (they cost 21% of a step)" in line and "measured 4.1% of a step" in line
+    assert "K" not in watch_line(2, "PyNative", "hooks", cost={**COST, "every": None}).split("within 5%")[1][:3]
+    assert "every weight fingerprinted every step" in watch_line(2, "PyNative", "hooks", cost={**COST, "every": 1})
+    assert watch_line(2, "PyNative", "hooks", cost={"tier": "full"}).endswith(
+        "full watch: every parameter, optimizer state and gradient in full every step")
+
+
+def test_launch_says_a_ranks_watch_again_when_its_plan_changes_and_coverage_keeps_the_bound():
+    from rankscope.coordinator.logic.coverage import describe
+    core = CoordinatorCore({}, clock=lambda: 0.0, wall_clock=lambda: 0.0)
+    lines: list[str] = []
+    pp = ProgressPrinter(lines.append)
+    first = {**GOOD, "mode": "PyNative", "how": "hooks", "cost": {"tier": "default", "budget": 0.05, "every": None}}
+    for r in (0, 1):
+        core.on_watch("j", r, {**first, "rank": r})
+    pp.update({"ranks": core.status()["jobs"]["j"]["ranks"]})
+    pp.update({"ranks": core.status()["jobs"]["j"]["ranks"]})
+    assert len([ln for ln in lines if "watched" in ln]) == 1  # ranks 0, 1 alike: one line, once
+    core.on_watch("j", 1, {**first, "rank": 1, "cost": COST})  # rank 1 measured its steps: K = 8
+    pp.update({"ranks": core.status()["jobs"]["j"]["ranks"]})
+    said = [ln for ln in lines if "watched" in ln]
+    assert len(said) == 2 and said[1].startswith("rank 1:") and "every 8 steps" in said[1]
+    report = core.coverage_report("j")
+    assert report["watch_cost"]["fingerprint_every_steps"] == 8
+    assert report["watch_cost"]["ranks"]["1"]["share"] == 0.041
+    report.update(steps=[0, 3], watched_ranks=2, ranks=2, not_seen=[])
+    assert "weights fingerprinted every 8 steps" in describe(report)
+    assert "named up to 7 step(s) late" in describe(report)
+
+
+def test_ranks_that_planned_alike_share_a_line_with_the_most_any_of_them_measured():
+    pynative = {"mode": "PyNative", "how": "hooks", "reason": ""}
+    watch = {str(r): {**pynative, "cost": {**COST, "share": 0.01 * (r + 1), "host_bytes": 0}} for r in range(4)}
+    watch["3"] = {**pynative, "cost": {**COST, "every": 16}}
+    lines = watch_summary(watch)
+    assert len(lines) == 2 and lines[0].startswith("ranks 0-2: ") and "measured up to 3.0% of a step" in lines[0]
+    assert lines[1].startswith("rank 3: ") and "every 16 steps" in lines[1] and "measured 4.1%" in lines[1]

@@ -31,9 +31,19 @@ class CellHooks:
         self._active: list[str] = []  # forward names of cells currently running (construct)
         self._root_depth = 0
         self.attached: set[int] = set()
+        #: What attach() was given, in order: what resume() attaches again.
+        self._given: list[Any] = []
+        #: True while the hooks are taken off to save their cost (rankscope.probe.cell_plan).
+        self.suspended = False
 
     # ------------------------------------------------------------------ attach
     def attach(self, models: Any) -> None:
+        if self.suspended:  # remembered; attached when the hooks are resumed
+            if not any(m is models for m in self._given):
+                self._given.append(models)
+            return
+        if not any(m is models for m in self._given):
+            self._given.append(models)
         roots = list(models) if isinstance(models, (list, tuple)) else [models]
         multi = isinstance(models, (list, tuple))
         for index, root in enumerate(roots):
@@ -75,7 +85,24 @@ class CellHooks:
             if param is not None and getattr(param, "requires_grad", False):
                 self._handles.append(compile_guard.register_tensor_hook(param, self._pgrad_hook(prefix, pname)))
 
+    def suspend(self) -> None:
+        """Take every hook off, keeping what to attach again (:meth:`resume`)."""
+        if not self.suspended:
+            self._remove()
+            self.suspended = True
+
+    def resume(self) -> None:
+        if self.suspended:
+            self.suspended = False
+            for models in list(self._given):
+                self.attach(models)
+
     def detach(self) -> None:
+        self._remove()
+        self._given.clear()
+        self.suspended = False
+
+    def _remove(self) -> None:
         for h in self._handles:
             try:
                 h.remove()
@@ -127,7 +154,7 @@ class CellHooks:
                     if r.wants_io("forward", "output"):
                         entry["output"] = r.values(f"{name}.output", Kind.FORWARD, output)
                     params = getattr(cell, "_params", {})
-                    if params:
+                    if params and not (r.lean_cells and not r.params_now()):
                         entry["parameters"] = {pn: rec._param_entry(f"{name}.parameters.{pn}", p)
                                                for pn, p in params.items() if p is not None}
                     r.put(name, entry, parent)
@@ -159,7 +186,7 @@ class CellHooks:
         def record(grad):  # noqa: ANN001
             r = rec.rec
             try:
-                if not r.dumping:
+                if not r.dumping or (r.lean_cells and not r.params_now()):
                     return
                 seen = rec._pgrad_seen.setdefault(prefix, set())
                 if pname in seen:  # a second gradient computation for this cell

@@ -93,6 +93,9 @@ class Recorder(GradHooks):
         #: Stats of parameters read at step start (sentinel snapshot), by id: L0 reuses
         #: them instead of reading a parameter again.
         self.param_cache: dict[int, TensorStats] = {}
+        #: The Cells' parameters and parameter gradients are left to the sentinels once an
+        #: optimizer is stepping (the default tier under launch, rankscope.probe.vital).
+        self.lean_cells = False
         #: Called when a hooked root model's forward begins (the step's start in loops
         #: that never call start() per step).
         self.on_step_start: Callable[[], None] | None = None
@@ -151,6 +154,18 @@ class Recorder(GradHooks):
         at = next((i for i, item in enumerate(self._pending) if item[1] == Kind.LOSS), len(self._pending))
         self._pending[at:at] = [(name, kind, None, False, None, st) for name, kind, st in rows]
 
+    def hold_loss(self) -> Callable[[], None]:
+        """Take the step's queued loss record out of the queue; the returned call queues it
+        again. Records made in between (a re-run's forward and backward) then come before
+        the loss, where they come when they run as the step's own."""
+        at = next((i for i in range(len(self._pending) - 1, -1, -1) if self._pending[i][1] == Kind.LOSS), None)
+        held = self._pending.pop(at) if at is not None else None
+
+        def release() -> None:
+            if held is not None:
+                self._pending.append(held)
+        return release
+
     def has_unread_params(self) -> bool:
         """Queued parameter records still to be read (before an optimizer changes them):
         a cell's parameters, and a Parameter handed to an API as its argument."""
@@ -182,6 +197,8 @@ class Recorder(GradHooks):
             try:
                 if st is None:
                     st = on_device.get(idx) or tensor_stats(value, crc)
+                elif callable(st):  # computed now, in record order (rankscope.probe.vital)
+                    st = st()
                 elif not isinstance(st.crc, int):  # a CRC still being computed
                     st.crc = st.crc.result()
                 self.builder.add(name, kind, st.row(), st.nan, st.inf, st.numel, st.crc)

@@ -79,6 +79,19 @@ def test_flag_overrides_config_action(tmp_path):
     assert load_cluster_section(None, None) == {"level": "L0", "cluster": {"on_divergence": "pause"}}
 
 
+def test_watch_flag_sets_the_jobs_tier_over_its_config(tmp_path):
+    from rankscope.coordinator.cli.launch import check_args
+    cfg = tmp_path / "c.json"
+    cfg.write_text(json.dumps({"cluster": {"watch": "default", "budget": 0.1}}))
+    base = ["--export-dir", str(tmp_path / "o"), "--config", str(cfg)]
+    job = check_args(build_parser().parse_args([*base, "--watch", "full", "--", sys.executable, "-c", "0"]))
+    assert job["cluster"]["watch"] == "full" and job["cluster"]["budget"] == 0.1
+    job = check_args(build_parser().parse_args([*base, "--", sys.executable, "-c", "0"]))
+    assert job["cluster"]["watch"] == "default"
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--watch", "light", "--", "x"])
+
+
 def test_parser_keeps_the_command_verbatim():
     args = build_parser().parse_args(["--export-dir", "o", "--", "msrun", "--worker_num=4", "train.py"])
     assert args.cmd == ["--", "msrun", "--worker_num=4", "train.py"]

@@ -34,6 +34,25 @@ def test_stats_alone_must_match_bit_for_bit_when_no_checksum() -> None:
     assert (v.rank, v.kind) == (1, "grad_reduced")
 
 
+def test_a_checksum_one_replica_did_not_take_this_step_is_no_split_but_its_stats_still_count() -> None:
+    # Replicas rotating their fingerprints at different rates (the default watch): at this
+    # step ranks 0-2 fingerprint a reduced gradient and rank 3 records only its norm.
+    sim = SyntheticTraining(ranks=4, tensors=32, seed=2)
+    batches = sim.batches(0)
+    g = sim.column("Sentinel.grad_reduced.layer1.")
+    for b in batches:
+        b.crc32[g] = 0x5EED
+    batches[3].crc32[g] = NO_CRC
+    assert ReplicaDetector().judge(view_of(batches), {}) == []
+    batches[3].stats[g, 3] = np.nextafter(batches[3].stats[g, 3], np.inf)  # its norm differs by one ulp
+    [v] = ReplicaDetector().judge(view_of(batches), {})
+    assert (v.rank, v.tensor) == (3, sim.names[g])
+    batches = SyntheticTraining(ranks=4, tensors=32, seed=2).batches(0)
+    batches[2].crc32[g] ^= 0x4  # every replica fingerprinted it: the checksum counts
+    [v] = ReplicaDetector().judge(view_of(batches), {})
+    assert (v.rank, v.tensor) == (2, sim.names[g])
+
+
 def test_two_deviating_ranks_are_ties_and_two_rank_split_names_both() -> None:
     sim = SyntheticTraining(ranks=8, tensors=32, seed=3)
     batches = sim.batches(0)

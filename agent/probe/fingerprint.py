@@ -1,0 +1,129 @@
+"""Bit-exact fingerprints of weights and optimizer state, and squared norms of gradients,
+at the cost of one read of the tensor and no copy.
+
+Two paths, one per place a tensor lives; a process uses one (``rank_env.device_side``),
+and the replicas compared with each other run on the same kind of device:
+
+- **host** (CPU): XXH3-64 (``xxhash``) over the zero-copy host view ``asnumpy`` gives of a
+  CPU tensor. XXH3 reads memory as fast as a NumPy dot does here, three times as fast as
+  zlib's CRC-32, and no private copy is made: the fingerprint is taken at a moment
+  nothing writes the tensor (the step's start, after MindSpore's queue is drained).
+- **device** (an accelerator): the tensor's bits, viewed as integers, summed with
+  position weights by MindSpore ops where the tensor lives; a step's fingerprints come
+  back in one readback of a few scalars per tensor instead of a copy of the model.
+
+Either way a single flipped bit changes the fingerprint. The device sum splits each
+32-bit word into 16-bit halves so no product or sum can overflow (exact for tensors up
+to 2^30 elements); its weights repeat every :data:`PERIOD` elements, so it does not see
+two equal-length stretches that far apart trading places. The host hash sees any change.
+
+Tensors larger than :data:`CHUNK_BYTES` are fingerprinted in chunks (``name@k``) so the
+budget (rankscope.probe.budget) can spread a large weight over several steps.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+#: Bytes per fingerprinted piece: a weight this large or larger is split into chunks.
+CHUNK_BYTES = 16 << 20
+#: The device path's position weights repeat with this period (a prime).
+PERIOD = 65521
+_MASK = 0xFFFFFFFF
+
+
+def chunks(nbytes: int, itemsize: int) -> list[tuple[int, int]]:
+    """Element ranges ``[a, b)`` of a tensor of ``nbytes``: one for a small tensor."""
+    n = nbytes // max(1, itemsize)
+    per = max(1, CHUNK_BYTES // max(1, itemsize))
+    if n <= per:
+        return [(0, n)]
+    return [(a, min(n, a + per)) for a in range(0, n, per)]
+
+
+def chunk_name(name: str, index: int, count: int) -> str:
+    """The row name of one piece: the tensor's own name when it is whole."""
+    return name if count == 1 else f"{name}@{index}"
+
+
+def host_fingerprint(arr: np.ndarray, a: int = 0, b: int | None = None) -> int:
+    """Fingerprint of elements ``[a, b)`` of a host array (32 bits, as a CRC-32 field holds)."""
+    import xxhash
+
+    flat = arr.reshape(-1)
+    part = flat[a:b]
+    if not part.flags.c_contiguous:  # a strided view (rare): hashed from a copy
+        part = np.ascontiguousarray(part)
+    return xxhash.xxh3_64_intdigest(memoryview(part).cast("B")) & _MASK
+
+
+def host_squared_norm(arr: np.ndarray) -> float:
+    """Sum of squares in one BLAS pass: NaN or Inf anywhere makes it non-finite, which is
+    the non-finite flag the vital signs need (the count is taken only then)."""
+    flat = arr.reshape(-1)
+    if flat.dtype.kind != "f" or not flat.size:
+        return 0.0
+    if flat.dtype.itemsize < 4:  # float16/bfloat16 bits: widened for BLAS
+        flat = flat.astype(np.float32)
+    return float(np.dot(flat, flat))
+
+
+# ---------------------------------------------------------------- device path
+_INT_OF = {1: "int8", 2: "int16", 4: "int32", 8: "int64"}
+
+
+def device_fingerprint(value: Any, a: int = 0, b: int | None = None) -> Any:
+    """Fingerprint of elements ``[a, b)`` as a MindSpore int64 tensor ``[low, high]``,
+    computed by MindSpore ops where ``value`` lives; fold with :func:`fold`."""
+    import mindspore as ms
+    from mindspore import ops
+
+    size = int(np.prod(value.shape)) if value.shape else 1
+    b = size if b is None else b
+    width = _itemsize(value.dtype)
+    flat = value.reshape(-1)[a:b] if (a, b) != (0, size) else value.reshape(-1)
+    bits = flat.view(getattr(ms, _INT_OF[width])).astype(ms.int64)
+    if width == 8:  # 64-bit words: fold to 32 first (both halves count)
+        bits = ops.bitwise_xor(bits & 0xFFFFFFFF, ops.floor_divide(bits, 1 << 32) & 0xFFFFFFFF)
+    # Floor division by a power of two is an arithmetic shift (MindSpore has no shift op).
+    low = bits & 0xFFFF
+    high = ops.floor_divide(bits, 1 << 16) & 0xFFFF
+    weight = ops.remainder(ops.arange(a, b, dtype=ms.int64), PERIOD) + 1
+    return ops.stack([(low * weight).sum(), (high * weight).sum()])
+
+
+def device_fingerprints(pieces: list[tuple[Any, int, int | None]]) -> list[int]:
+    """Fingerprints of many ``(tensor, a, b)`` pieces with one readback."""
+    from mindspore import ops
+    if not pieces:
+        return []
+    rows = ops.stack([device_fingerprint(v, a, b) for v, a, b in pieces]).asnumpy()
+    return [fold(int(lo), int(hi)) for lo, hi in rows]
+
+
+def device_squared_norms(values: list[Any]) -> np.ndarray:
+    """Squared norms of many float tensors with one readback (float64 on the host)."""
+    import mindspore as ms
+    from mindspore import ops
+    if not values:
+        return np.zeros(0)
+    sq = [ops.square(v.astype(ms.float32)).sum() for v in values]
+    return ops.stack(sq).asnumpy().astype(np.float64)
+
+
+def fold(low: int, high: int) -> int:
+    """The two weighted sums of a device fingerprint as one 32-bit value (mixed so a
+    change in either changes the result)."""
+    x = (low * 0x9E3779B97F4A7C15 + high * 0xC2B2AE3D27D4EB4F) & 0xFFFFFFFFFFFFFFFF
+    x ^= x >> 29
+    x = (x * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
+    return (x ^ (x >> 32)) & _MASK
+
+
+def _itemsize(dtype: Any) -> int:
+    name = str(dtype).lower()
+    for size, keys in ((8, ("64",)), (2, ("16",)), (1, ("int8", "uint8", "bool"))):
+        if any(k in name for k in keys):
+            return size
+    return 4

@@ -1,0 +1,77 @@
+"""Bit-exact fingerprints: one flipped bit anywhere changes them, on the host path and on
+the device path (run here through the same MindSpore ops, on CPU)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from rankscope.probe import fingerprint as fp
+
+ms = pytest.importorskip("mindspore")
+
+
+def _flips(arr: np.ndarray, rs: np.random.RandomState, n: int = 6):
+    bits = arr.dtype.itemsize * 8
+    words = arr.view({2: np.uint16, 4: np.uint32, 8: np.uint64}[arr.dtype.itemsize]).reshape(-1)
+    for _ in range(n):
+        out = arr.copy()
+        view = out.view(words.dtype).reshape(-1)
+        i, b = int(rs.randint(words.size)), int(rs.randint(bits))
+        view[i] ^= words.dtype.type(1) << words.dtype.type(b)
+        yield out
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.float64])
+def test_host_fingerprint_sees_any_single_bit_flip(dtype):
+    rs = np.random.RandomState(1)
+    a = rs.randn(300, 41).astype(dtype)
+    base = fp.host_fingerprint(a)
+    assert base == fp.host_fingerprint(a.copy())
+    for flipped in _flips(a, rs):
+        assert fp.host_fingerprint(flipped) != base
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.float64])
+def test_device_fingerprint_sees_any_single_bit_flip_through_mindspore_ops(dtype):
+    rs = np.random.RandomState(2)
+    a = rs.randn(257, 33).astype(dtype)
+    (base,) = fp.device_fingerprints([(ms.Tensor(a), 0, None)])
+    assert [base] == fp.device_fingerprints([(ms.Tensor(a.copy()), 0, None)])
+    for flipped in _flips(a, rs):
+        assert fp.device_fingerprints([(ms.Tensor(flipped), 0, None)]) != [base]
+
+
+def test_fingerprints_are_position_sensitive():
+    a = np.arange(1000, dtype=np.float32)
+    swapped = a.copy()
+    swapped[[3, 700]] = swapped[[700, 3]]
+    assert fp.host_fingerprint(a) != fp.host_fingerprint(swapped)
+    assert fp.device_fingerprints([(ms.Tensor(a), 0, None)]) != fp.device_fingerprints([(ms.Tensor(swapped), 0, None)])
+
+
+def test_chunks_cover_a_large_tensor_and_fingerprint_each_piece_alone():
+    per = fp.CHUNK_BYTES // 4
+    parts = fp.chunks(4 * (2 * per + 5), 4)
+    assert parts == [(0, per), (per, 2 * per), (2 * per, 2 * per + 5)]
+    assert fp.chunks(400, 4) == [(0, 100)]
+    assert fp.chunk_name("fc1.weight", 0, 1) == "fc1.weight"
+    assert fp.chunk_name("fc1.weight", 2, 3) == "fc1.weight@2"
+    a = np.random.RandomState(3).randn(10_000).astype(np.float32)
+    b = a.copy()
+    b[7_000] += 1
+    assert fp.host_fingerprint(a, 0, 5_000) == fp.host_fingerprint(b, 0, 5_000)
+    assert fp.host_fingerprint(a, 5_000, 10_000) != fp.host_fingerprint(b, 5_000, 10_000)
+    lo = fp.device_fingerprints([(ms.Tensor(a), 0, 5_000), (ms.Tensor(a), 5_000, 10_000)])
+    hi = fp.device_fingerprints([(ms.Tensor(b), 0, 5_000), (ms.Tensor(b), 5_000, 10_000)])
+    assert lo[0] == hi[0] and lo[1] != hi[1]
+
+
+def test_squared_norms_on_both_paths_agree_and_flag_non_finite_values():
+    a = np.random.RandomState(4).randn(64, 64).astype(np.float32)
+    host = fp.host_squared_norm(a)
+    (dev,) = fp.device_squared_norms([ms.Tensor(a)])
+    assert host == pytest.approx(float((a.astype(np.float64) ** 2).sum()), rel=1e-5)
+    assert dev == pytest.approx(host, rel=1e-5)
+    a[5, 5] = np.nan
+    assert not np.isfinite(fp.host_squared_norm(a))
+    assert not np.isfinite(fp.device_squared_norms([ms.Tensor(a)])[0])
