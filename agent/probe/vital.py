@@ -33,10 +33,15 @@ from rankscope.wire.watch_line import DEFAULT_TIER
 
 
 class Piece:
-    __slots__ = ("name", "tensor", "a", "b", "nbytes")
+    __slots__ = ("name", "tensor", "a", "b", "nbytes", "dtype", "shape")
 
-    def __init__(self, name: str, tensor: Any, a: int, b: int, nbytes: int) -> None:
+    def __init__(self, name: str, tensor: Any, a: int, b: int, nbytes: int, shape: list[int]) -> None:
         self.name, self.tensor, self.a, self.b, self.nbytes = name, tensor, a, b, nbytes
+        self.dtype = str(getattr(tensor, "dtype", ""))
+        self.shape = shape  # the row's shape: the tensor's, or the chunk's length
+
+    def stats(self, fingerprint: int) -> TensorStats:
+        return TensorStats(self.dtype, self.shape, None, None, None, None, 0, 0, self.b - self.a, fingerprint)
 
 
 class VitalSigns:
@@ -78,7 +83,9 @@ class VitalSigns:
             size = int(np.prod(shape)) if shape else 1
             width = fp._itemsize(getattr(t, "dtype", "float32"))  # noqa: SLF001 - one spelling of a dtype's width
             parts = fp.chunks(size * width, width)
-            out += [Piece(fp.chunk_name(name, k, len(parts)), t, a, b, (b - a) * width)
+            whole = len(parts) == 1
+            out += [Piece(fp.chunk_name(name, k, len(parts)), t, a, b, (b - a) * width,
+                          list(shape) if whole else [b - a])
                     for k, (a, b) in enumerate(parts)]
         return out
 
@@ -128,14 +135,16 @@ class VitalSigns:
             prints = fp.device_fingerprints([(p.tensor, p.a, p.b) for p in pieces])
             self._copied += 16 * len(pieces)  # the readback: two int64 a piece
         else:
-            prints = []
+            prints, views = [], {}
             for p in pieces:
-                arr, _ = to_numpy(p.tensor)
+                arr = views.get(id(p.tensor))
+                if arr is None:  # one host view a tensor, whatever its chunks due
+                    arr = views[id(p.tensor)] = to_numpy(p.tensor)[0]
                 if not arr.flags.c_contiguous:
                     self._copied += p.nbytes
                 prints.append(fp.host_fingerprint(arr, p.a, p.b))
         for p, value in zip(pieces, prints):
-            self.rec.row_known(prefix + p.name, kind, _fingerprint_stats(p, value))
+            self.rec.row_known(prefix + p.name, kind, p.stats(value))
             self._read += p.nbytes
         self._done += len(pieces)
         self._rotating += time.perf_counter() - t0
@@ -221,10 +230,3 @@ class _Later:
             v._rotating += time.perf_counter() - t0  # noqa: SLF001
         norm = math.sqrt(sq) if math.isfinite(sq) and sq >= 0 else (math.inf if not nan else math.nan)
         return TensorStats(dtype_name, list(arr.shape), None, None, None, norm, nan, inf, int(arr.size), crc)
-
-
-def _fingerprint_stats(p: Piece, value: int) -> TensorStats:
-    shape = list(getattr(p.tensor, "shape", ()) or ())
-    if p.a or p.b != (int(np.prod(shape)) if shape else 1):
-        shape = [p.b - p.a]
-    return TensorStats(str(getattr(p.tensor, "dtype", "")), shape, None, None, None, None, 0, 0, p.b - p.a, value)

@@ -13,7 +13,16 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from rankscope.wire import rerun_facts
-from rankscope.wire.watch_line import GRAPH, JIT, PYNATIVE, UNWATCHED, cost_text, launch_prints_it, watch_line
+from rankscope.wire.watch_line import (
+    GRAPH,
+    JIT,
+    PYNATIVE,
+    UNWATCHED,
+    cost_text,
+    launch_prints_it,
+    plan_of,
+    watch_line,
+)
 
 
 @dataclass
@@ -116,7 +125,7 @@ class WatchReporter:
             return None
         w = self.said = self.current()
         w.cost = self._cost()
-        self._plan_said = _plan(w.cost)
+        self._plan_said = plan_of(w.cost)
         return self._send(w, rank, client)
 
     def say_cost(self, rank: Any, client: Any = None, final: bool = False) -> Watch | None:
@@ -127,9 +136,9 @@ class WatchReporter:
         if w is None or self.silent or w.how == UNWATCHED:
             return None
         cost = self._cost()
-        if _plan(cost) == self._plan_said and not final:
+        if plan_of(cost) == self._plan_said and not final:
             return None
-        w.cost, self._plan_said = cost, _plan(cost)
+        w.cost, self._plan_said = cost, plan_of(cost)
         sent = self._send(w, rank, client, quiet=True)
         if final and client is None and isinstance((cost or {}).get("share"), (int, float)):
             who = f"rank {rank}" if rank is not None else "this process"
@@ -153,8 +162,3 @@ class WatchReporter:
         if not quiet and not (sent and launch_prints_it(sys.stderr)):  # launch would print the same line
             print(f"[rankscope] {w.line(rank)}", file=sys.stderr, flush=True)
         return w
-
-
-def _plan(cost: dict | None) -> tuple | None:
-    """What a change of makes the line worth saying again: the tier, K, the Cell hooks."""
-    return None if not cost else (cost.get("tier"), cost.get("every"), cost.get("cells"))

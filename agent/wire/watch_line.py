@@ -35,6 +35,12 @@ def watch_line(rank: Any, mode: str, how: str, reason: str = "", who: str | None
     return f"{text}; {extra}" if extra else text
 
 
+def plan_of(cost: dict | None) -> tuple | None:
+    """What of a rank's watch cost is its plan (tier, K, Cell hooks): a change of it is
+    worth saying again; the measured figures change every step and are not."""
+    return None if not isinstance(cost, dict) or not cost else (cost.get("tier"), cost.get("every"), cost.get("cells"))
+
+
 def cost_text(cost: dict | None, measured: bool = True) -> str:
     """The tier and its measured cost in words ("" when the rank did not say); without
     ``measured``, only the plan (what ranks planned alike share)."""

@@ -11,7 +11,7 @@ from typing import Any, Callable
 from rankscope.coordinator.launch.watched import attached_ranks
 from rankscope.coordinator.logic.verdict import JOB_WIDE
 from rankscope.wire.spans import rank_span
-from rankscope.wire.watch_line import cost_text, merged_cost, watch_line
+from rankscope.wire.watch_line import cost_text, merged_cost, plan_of, watch_line
 
 
 class ProgressPrinter:
@@ -22,7 +22,7 @@ class ProgressPrinter:
         self._judged = -1
         self._incidents: set[str] = set()
         self._watch_said: set[str] = set()
-        self._plans: dict[str, tuple] = {}  # each rank's watch plan as last said: (tier, K)
+        self._plans: dict[str, tuple | None] = {}  # each rank's watch plan as last said (plan_of)
         self._layout: dict[str, str] = {}
         #: Each rank's newest watch status, for the end-of-run lines.
         self.watch: dict[str, dict] = {}
@@ -39,8 +39,7 @@ class ProgressPrinter:
             w = info.get("watch")
             if isinstance(w, dict):
                 self.watch[r] = w
-                cost = w.get("cost") if isinstance(w.get("cost"), dict) else {}
-                plan = (cost.get("tier"), cost.get("every"), cost.get("cells"))
+                plan = plan_of(w.get("cost"))
                 # Said again when the rank's watch plan changes (K, weights fingerprinted
                 # every K steps, and the Cell hooks kept or not, set once steps are measured).
                 if r not in self._watch_said or self._plans.get(r, plan) != plan:
