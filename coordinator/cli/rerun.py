@@ -18,9 +18,11 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -127,18 +129,74 @@ def _replay(record: Path, meta: dict, command: list[str], tmp: Path, timeout: fl
                 replay_files.OUT_ENV: str(out), DUMP_PATH_ENV: str(tmp / "dump"),
                 "PYTHONPATH": os.pathsep.join([str(ATTACH_DIR), *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))])})
     try:
-        proc = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+        proc, stdout, stderr = _run_until_result(command, cwd, env, out, timeout)
     except subprocess.TimeoutExpired:
         return {"error": f"the replay took longer than {timeout:.0f} s"}
     except OSError as exc:
         return {"error": f"{command[0]}: {exc.strerror or exc}"}
-    if out.is_file():
-        return json.loads(out.read_text())
+    got = _result(out)
+    if got is not None:
+        return got
     logs = "\n".join(p.read_text(errors="replace")[-1500:] for p in sorted((tmp / "logs").glob("*.log")))
-    tail = (proc.stdout + proc.stderr + logs).strip().splitlines()[-8:]
+    tail = (stdout + stderr + logs).strip().splitlines()[-8:]
     return {"error": (f"the replay ended (exit {proc.returncode}) without making the call: the script never called "
                       f"a gradient function over {len(meta['params'])} parameters named like "
                       f"{meta['params'][:3]}; its last lines: " + " | ".join(tail))[:1500]}
+
+
+#: Seconds a replay's launcher may take to end by itself once the result is written.
+RESULT_GRACE_S = 3.0
+
+
+def _run_until_result(command: list[str], cwd: str | None, env: dict, out: Path, timeout: float
+                      ) -> tuple[subprocess.Popen, str, str]:
+    """Run the replay in a process group of its own until it ends, or until its result is
+    written and it has had :data:`RESULT_GRACE_S` to end: the replayed rank ends itself
+    with ``os._exit`` once the result is written, and msrun's scheduler then waits out a
+    heartbeat timeout (~35 s) before it exits; nothing is left to wait for by then."""
+    proc = subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    deadline = time.monotonic() + timeout
+    written_at = None
+    while True:
+        try:
+            stdout, stderr = proc.communicate(timeout=0.5)
+            return proc, stdout, stderr
+        except subprocess.TimeoutExpired:
+            now = time.monotonic()
+            if written_at is None and _result(out) is not None:
+                written_at = now
+            if written_at is not None and now - written_at > RESULT_GRACE_S:
+                _stop_group(proc)
+                stdout, stderr = proc.communicate()
+                return proc, stdout, stderr
+            if now > deadline:
+                _stop_group(proc)
+                proc.communicate()
+                raise
+
+
+def _stop_group(proc: subprocess.Popen) -> None:
+    """The replay's own process group (started here, in a session of its own): TERM, then KILL."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            return
+        try:
+            proc.wait(timeout=5)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def _result(out: Path) -> dict | None:
+    """The replay's result once written whole (the rank writes it with one write)."""
+    try:
+        got = json.loads(out.read_text())
+    except (OSError, ValueError):
+        return None
+    return got if isinstance(got, dict) else None
 
 
 def _path() -> str:
