@@ -5,7 +5,7 @@ config: a 4-layer W x W MLP (ReLU, a W -> 10 head), Adam, batch 64, no rankscope
 its loop (the probe attaches itself, as launch does, through RANKSCOPE_ATTACH). Each run is
 its own process; plain, default and full alternate in every round so machine noise hits
 them alike; the figure is the ratio of the medians of the script's own step times, after
-16 steps left out in every mode (compiling; the default tier settling its plan).
+32 steps left out in every mode (compiling; the default tier settling its plan).
 
     .venv/bin/python bench/watch_cost.py [--widths 256,1024,2048,4096] [--rounds 3] [--steps 12] [--deep]
 
@@ -38,8 +38,9 @@ ms.set_device("CPU")
 ms.set_seed(0)
 W, STEPS = int(sys.argv[1]), int(sys.argv[2])
 # Left out of the figures, in every mode alike: the first steps compile, and the default
-# tier measures its Cell hooks on and off over steps 1-13 before it settles.
-WARM = 16
+# tier measures its Cell hooks on and off in alternating blocks over steps 1-25 before it
+# settles.
+WARM = 32
 
 class MLP(nn.Cell):
     def __init__(self):
@@ -110,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--modes", default="plain,default,full")
     ap.add_argument("--deep", action="store_true",
                     help="also time the default tier's deep capture: a NaN batch after the Cell hooks' plan is "
-                         "made (step 24), whose step is re-run in the rank (with the hooks back on where they "
+                         "made (step 40), whose step is re-run in the rank (with the hooks back on where they "
                          "were taken off)")
     args = ap.parse_args(argv)
     modes = args.modes.split(",")
@@ -136,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
                     row[f"{m}_said"] = said.get(m, "")
                 print(f"W={width:5d} {m:8s} {med * 1e3:9.2f} ms {med / base:5.2f}x  {said.get(m, '')}", flush=True)
             if args.deep:
-                got, line = run("default", width, 12, work, nan_at=24)
+                got, line = run("default", width, 12, work, nan_at=40)
                 row["deep_step_ms"] = round(got[-1] * 1e3, 2)
                 row["deep_vs_default_median"] = round(got[-1] / statistics.median(got[:-1]), 2)
                 row["deep_said"] = line

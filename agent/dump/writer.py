@@ -35,6 +35,7 @@ from rankscope.dump.files import (  # noqa: F401
     rmdir_quiet,
     write_mapping,
 )
+from rankscope.dump.behind import WriteBehind
 from rankscope.dump.retention import DumpRetention
 from rankscope.wire.layout import step_dir_name
 from rankscope.wire.records import StepOutput
@@ -79,6 +80,7 @@ class DumpWriter:
         self._tensor_bytes: dict[tuple[int, str], list[int]] = {}  # (step, label) -> [bytes, files]
         self._labels: dict[int, str] = {}  # step -> the label it was written under
         self._remover: Any = None
+        self._behind: WriteBehind | None = None
 
     # ------------------------------------------------------------------ paths
     def rank_dir(self, step: int, rank_label: str) -> Path:
@@ -91,9 +93,25 @@ class DumpWriter:
         return "debug.json" if self.level == "debug" else "dump.json"
 
     # ------------------------------------------------------------------ Sink
+    def write_behind(self) -> None:
+        """From now on, steps are written by a thread behind the step (rankscope.dump.behind)."""
+        if self._behind is None:
+            self._behind = WriteBehind(self._emit_now)
+
+    def flush(self) -> None:
+        """Every step emitted so far is on disk when this returns."""
+        if self._behind is not None:
+            self._behind.drain()
+
     def emit(self, out: StepOutput) -> None:
         if not out.dump_selected:
             return
+        if self._behind is not None:
+            self._behind.submit(out)
+            return
+        self._emit_now(out)
+
+    def _emit_now(self, out: StepOutput) -> None:
         step = int(out.batch.step)
         try:
             with self._lock:
@@ -102,7 +120,10 @@ class DumpWriter:
             self._fail(step, out.rank_label, f"writing step {step} failed: {exc!r}")
 
     def close(self) -> None:
-        """Nothing is buffered: every emit is on disk when it returns; removals finish."""
+        """Every emitted step is on disk when this returns; removals finish."""
+        behind, self._behind = self._behind, None
+        if behind is not None:
+            behind.close()
         if self._remover is not None:
             self._remover.shutdown(wait=True)
             self._remover = None
@@ -161,6 +182,7 @@ class DumpWriter:
 
     def pin_kept(self) -> None:
         """Keep the steps on disk now for the rest of the run (an incident exports)."""
+        self.flush()  # the steps around the incident are on disk before anyone collects them
         with self._lock:
             if self.retention is not None:
                 self.retention.pin()
@@ -263,6 +285,7 @@ class DumpWriter:
         because of clashes (empty when everything moved).
         """
         kept: list[Path] = []
+        self.flush()  # the folders to move are all on disk
         with self._lock:
             if old_label == new_label:
                 return kept

@@ -18,6 +18,7 @@ from rankscope.config.schema import KERNEL_LEVEL
 from rankscope.dump.folder_claim import UNKNOWN_HOLDER, claim_rank_label, release_rank_label
 from rankscope.dump.retention import DumpRetention, RetentionPolicy
 from rankscope.dump.writer import DumpWriter
+from rankscope.probe.probe_clock import CLOCK
 from rankscope.probe import agent_link, layout_probe, rerun
 from rankscope.probe.collectives import CollectiveHooks
 from rankscope.probe.gate import RankscopeTerminated, StepGate
@@ -162,28 +163,29 @@ class PrecisionDebugger:
 
     def step(self) -> None:
         """End the step: emit its records to every sink, advance, then honour the StepGate."""
-        done = self.current_step
-        if self._started_in_step and self.config.level in ("L0", "mix") and not self.cells.attached \
-                and not self.auto and not graph_mode():
-            say_once(f"level {self.config.level} dumps the Cells of the model given to start(model); start() "
-                     "got none, so this dump has no Cell data: pass the network, as msProbe requires")
-        self._started_in_step = False
-        self._guard("kernel rows", self.graph.collect)
-        self._flush(done)
-        self.current_step += 1
-        self.recorder.step = self.current_step
-        self._write_position(self.current_step, NO_TOKEN)
-        self._save_count.clear()
-        self.cells.new_step()
-        self.apis.new_step()
-        self.collectives.new_step()
-        self.sentinels.new_step()
-        self._guard("the watch's tier", self.tier.step_ended)
-        self.sync.new_step(self.current_step)
-        if self.sentinels.unreduced_steps and not self.graph.report.grads_unseen and (world_size() or 1) > 1:
-            self.graph.report.grads_unseen = GRADS_UNSEEN
-        self._guard("watch report", self.graph.step_ended)
-        self._update_dumping()
+        with CLOCK:  # the step's end is the probe's time; a pause at the gate is not
+            done = self.current_step
+            if self._started_in_step and self.config.level in ("L0", "mix") and not self.cells.attached \
+                    and not self.auto and not graph_mode():
+                say_once(f"level {self.config.level} dumps the Cells of the model given to start(model); start() "
+                         "got none, so this dump has no Cell data: pass the network, as msProbe requires")
+            self._started_in_step = False
+            self._guard("kernel rows", self.graph.collect)
+            self._flush(done)
+            self.current_step += 1
+            self.recorder.step = self.current_step
+            self._write_position(self.current_step, NO_TOKEN)
+            self._save_count.clear()
+            self.cells.new_step()
+            self.apis.new_step()
+            self.collectives.new_step()
+            self.sentinels.new_step()
+            self._guard("the watch's tier", self.tier.step_ended)
+            self.sync.new_step(self.current_step)
+            if self.sentinels.unreduced_steps and not self.graph.report.grads_unseen and (world_size() or 1) > 1:
+                self.graph.report.grads_unseen = GRADS_UNSEEN
+            self._guard("watch report", self.graph.step_ended)
+            self._update_dumping()
         self.gate.at_step_boundary(done)
 
     def set_init_step(self, step: int) -> None:

@@ -25,6 +25,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+from xxhash import xxh3_64_intdigest
 
 #: Bytes per fingerprinted piece: a weight this large or larger is split into chunks.
 CHUNK_BYTES = 16 << 20
@@ -49,13 +50,16 @@ def chunk_name(name: str, index: int, count: int) -> str:
 
 def host_fingerprint(arr: np.ndarray, a: int = 0, b: int | None = None) -> int:
     """Fingerprint of elements ``[a, b)`` of a host array (32 bits, as a CRC-32 field holds)."""
-    import xxhash
-
     flat = arr.reshape(-1)
     part = flat[a:b]
     if not part.flags.c_contiguous:  # a strided view (rare): hashed from a copy
         part = np.ascontiguousarray(part)
-    return xxhash.xxh3_64_intdigest(memoryview(part).cast("B")) & _MASK
+    return hash_bytes(memoryview(part).cast("B"))
+
+
+def hash_bytes(raw: memoryview) -> int:
+    """The host fingerprint of a run of bytes."""
+    return xxh3_64_intdigest(raw) & _MASK
 
 
 def host_squared_norm(arr: np.ndarray) -> float:

@@ -28,7 +28,7 @@ import numpy as np
 from rankscope.probe import layout_probe, replay
 from rankscope.probe.call_outputs import leaves, measure
 from rankscope.probe.rerun_gate import OVERFLOW, AnomalyGate
-from rankscope.probe.stats import is_tensor, to_numpy
+from rankscope.probe.stats import is_tensor, to_numpy, wait_for_device
 from rankscope.wire import rerun_facts as facts
 
 #: Re-runs (and "not possible" reports) one process makes at most: a job whose every
@@ -88,6 +88,7 @@ class Rerunner:
         if getattr(self.sync, "changes", 0) != token[1]:
             self.collective_calls += 1
         try:
+            wait_for_device()  # the step's backward, waited for in one place (not the probe's cost)
             loss, gnorm = measure(out, self.squared_norm)
             trigger = self.gate.judge(loss, gnorm)
             if trigger == OVERFLOW and self.loss_scaled():

@@ -9,6 +9,7 @@ import weakref
 from typing import TYPE_CHECKING, Any, Callable
 
 from rankscope.probe import compile_guard
+from rankscope.probe.probe_clock import CLOCK
 
 if TYPE_CHECKING:
     from rankscope.probe.sentinels import Sentinels
@@ -87,18 +88,20 @@ def _wrap_value_and_grad(orig: Callable, with_loss: bool = True) -> Callable:
         def grad_fn(*args, **kwargs):  # noqa: ANN002
             cur = _current()
             rerun = cur.rerun if cur is not None and cur.enabled and cur.record else None
-            token = rerun.before((fn, weights, names)) if rerun is not None else None
+            with CLOCK:
+                token = rerun.before((fn, weights, names)) if rerun is not None else None
             out = inner(*args, **kwargs)
-            if cur is not None and cur.enabled:
-                try:
-                    value = out[0]
-                    if isinstance(value, (tuple, list)):  # has_aux / multiple outputs
-                        value = value[0]
-                    cur.record_loss(value)
-                except Exception as exc:  # noqa: BLE001
-                    cur.rec.error("loss sentinel", exc)
-            if rerun is not None:
-                out = rerun.after(inner, args, kwargs, (fn, weights, names), out, token)
+            with CLOCK:
+                if cur is not None and cur.enabled:
+                    try:
+                        value = out[0]
+                        if isinstance(value, (tuple, list)):  # has_aux / multiple outputs
+                            value = value[0]
+                        cur.record_loss(value)
+                    except Exception as exc:  # noqa: BLE001
+                        cur.rec.error("loss sentinel", exc)
+                if rerun is not None:
+                    out = rerun.after(inner, args, kwargs, (fn, weights, names), out, token)
             return out
 
         def graph_form(*args, **kwargs):  # noqa: ANN002 - what a compile of grad_fn sees

@@ -33,6 +33,7 @@ from typing import Any, Callable
 from rankscope.probe import compile_guard, layout_probe
 from rankscope.probe.hooks.recorder import Recorder
 from rankscope.probe.loss_scale import LossScales
+from rankscope.probe.probe_clock import CLOCK
 from rankscope.probe.sentinel_patches import _active, _install_patches, _patches, _reducer_names, _restore_patches
 from rankscope.probe.sync_tracker import SyncTracker
 from rankscope.probe.vital import VitalSigns
@@ -222,6 +223,11 @@ class Sentinels:
     def _optimizer_pre_hook(self, opt: Any, args: tuple) -> None:
         if not self.enabled:
             return None
+        with CLOCK:
+            self._before_update(opt, args)
+        return None
+
+    def _before_update(self, opt: Any, args: tuple) -> None:
         r = self.rec
         try:
             if opt not in self.stepping:  # first call of this optimizer: snapshot it now
@@ -240,14 +246,14 @@ class Sentinels:
                                    [n for n, _ in self._layout_of(opt)[0]])
         except Exception as exc:  # noqa: BLE001
             r.error("optimizer sentinel", exc)
-        return None
 
     def _optimizer_post_hook(self, opt: Any, args: tuple, output: Any) -> None:
         if self.enabled:
-            try:
-                self.snapshot_end(only=opt)
-            except Exception as exc:  # noqa: BLE001
-                self.rec.error("step-end parameter sentinel", exc)
+            with CLOCK:
+                try:
+                    self.snapshot_end(only=opt)
+                except Exception as exc:  # noqa: BLE001
+                    self.rec.error("step-end parameter sentinel", exc)
         self._step_done()
         return None
 

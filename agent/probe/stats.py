@@ -12,9 +12,12 @@ stack many and read them back with a single host transfer at step end.
 """
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import numpy as np
+
+from rankscope.probe.probe_clock import CLOCK
 
 from rankscope.wire.array_stats import (  # noqa: F401 - the probe's stats are these
     NP_TO_MS,
@@ -35,7 +38,9 @@ def wait_for_device() -> None:
         from mindspore.graph.api import _pynative_executor  # MindSpore >= 2.9
     except ImportError:
         from mindspore.common.api import _pynative_executor
+    t0 = time.perf_counter()
     _pynative_executor.sync()
+    CLOCK.discount(time.perf_counter() - t0)
 
 
 def to_numpy(value: Any) -> tuple[np.ndarray, str]:

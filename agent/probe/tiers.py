@@ -37,6 +37,9 @@ class Tier:
                 # Cells' copies of them would cost a pass over the model each.
                 dbg.recorder.lean_cells = True
                 self.cells = CellPlan(c.budget)
+                # The local dump's files cost what the disk costs, not what the step does:
+                # written behind the step, they stay out of its budget.
+                dbg.writer.write_behind()
         dbg.graph.report.cost_of = self.cost
         rerun = dbg.sentinels.rerun
         if rerun is not None:
@@ -66,6 +69,14 @@ class Tier:
         if rerun is None or not rerun.enabled or not dbg.sentinels.grad_fns_seen or rerun.collective_calls \
                 or layout_probe.collectives_in_own_groups():
             return  # nothing could put the hooks back for an anomalous step: they stay
+        if dbg.sentinels.loss_scales.active:
+            # Under a loss scale an overflowing step is the scaler's to skip, never re-run, so
+            # a fault that overflows one rank (a NaN or a huge value in its batch) would reach
+            # no record of the Cells on any rank: the hooks stay.
+            if self.cells.state != KEPT:
+                self.cells.state = KEPT
+                dbg.cells.resume()
+            return
         b = self.vital.budget
         action = self.cells.note_step(b.last_wall_s, b.last_probe_s)
         if action == SUSPEND:
@@ -100,4 +111,6 @@ class Tier:
         if self.cells is not None and self.dbg.cells._given:  # noqa: SLF001 - hooks were ever attached
             out["cells"] = self.cells.state if self.cells.state in (KEPT, DROPPED) else None
             out["cells_share"] = None if self.cells.share is None else round(self.cells.share, 4)
+            if self.cells.state == KEPT and out["cells_share"] is not None and out.get("share") is not None:
+                out["share"] = round(out["share"] + out["cells_share"], 4)  # kept hooks are part of the cost
         return out

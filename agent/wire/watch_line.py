@@ -55,10 +55,11 @@ def cost_text(cost: dict | None, measured: bool = True) -> str:
         text += (f", each weight fingerprinted every {every} steps (a silent weight change is named "
                  f"up to {every - 1} step(s) late)") if every > 1 else ", every weight fingerprinted every step"
     cells, cells_share = cost.get("cells"), cost.get("cells_share")
+    cost_of_cells = f" (they cost {_pct(cells_share)} of a step)" if isinstance(cells_share, (int, float)) else ""
     if cells == "off":
-        text += (", per-Cell hooks off" + (f" (they cost {_pct(cells_share)} of a step)"
-                                           if isinstance(cells_share, (int, float)) else "")
-                 + ": an anomalous step is re-run with them to name the Cell")
+        text += f", per-Cell hooks off{cost_of_cells}: an anomalous step is re-run with them to name the Cell"
+    elif cells == "on":
+        text += f", per-Cell hooks on{cost_of_cells}"
     if not measured:
         return text
     share = cost.get("share")

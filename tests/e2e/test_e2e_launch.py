@@ -62,8 +62,10 @@ def test_clean_run_exits_zero_with_no_incident(tmp_path):
     # msrun as typed without --join: its default (False) returns at once, with the
     # workers still starting; launch runs it joined and says so.
     # A local dump kept to the newest 3 steps of each rank, as a long run keeps its newest 100.
+    # The full watch: it dumps every step's Cells, where the default dumps them only while
+    # its per-Cell hooks run (they come off in blocks from step 3 to measure their cost).
     proc, out, incidents = run_launch(tmp_path, None, steps=6, join=False,
-                                      config={"level": "L0", "cluster": {"dump_keep_steps": 3}})
+                                      config={"level": "L0", "cluster": {"dump_keep_steps": 3, "watch": "full"}})
     assert proc.returncode == 0, _explain(proc, out)
     assert incidents == [], incidents
     assert "no divergence found" in proc.stdout

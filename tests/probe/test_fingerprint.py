@@ -75,3 +75,24 @@ def test_squared_norms_on_both_paths_agree_and_flag_non_finite_values():
     a[5, 5] = np.nan
     assert not np.isfinite(fp.host_squared_norm(a))
     assert not np.isfinite(fp.device_squared_norms([ms.Tensor(a)])[0])
+
+
+def test_a_kept_host_view_follows_in_place_updates_and_is_taken_again_when_the_tensor_moves():
+    ms = pytest.importorskip("mindspore")
+    from mindspore import ops
+
+    from rankscope.probe.vital import Piece
+
+    p = ms.Parameter(ms.Tensor(np.arange(64, dtype=np.float32)), name="w")
+    piece = Piece("w", p, 0, 64, 256, [64])
+    raw, copied = piece.host_bytes({})
+    assert not copied and piece.bytes is not None  # the parameter's own memory, kept
+    before = fp.hash_bytes(raw)
+    ops.assign(p, p + 1.0)  # an in-place update, as an optimizer's
+    from rankscope.probe.stats import wait_for_device
+    wait_for_device()
+    kept, _ = piece.host_bytes({})
+    assert kept is piece.bytes and fp.hash_bytes(kept) == fp.host_fingerprint(p.asnumpy()) != before
+    p.set_data(ms.Tensor(np.full(64, 7.0, dtype=np.float32)))  # may give the parameter new memory
+    again, _ = piece.host_bytes({})
+    assert fp.hash_bytes(again) == fp.host_fingerprint(np.full(64, 7.0, dtype=np.float32))

@@ -176,6 +176,8 @@ def test_the_watch_cost_travels_validated_and_reads_as_one_phrase():
     assert "per-Cell hooks off (they cost 21% of a step)" in line and "measured 4.1% of a step" in line
     assert "K" not in watch_line(2, "PyNative", "hooks", cost={**COST, "every": None}).split("within 5%")[1][:3]
     assert "every weight fingerprinted every step" in watch_line(2, "PyNative", "hooks", cost={**COST, "every": 1})
+    kept = watch_line(2, "PyNative", "hooks", cost={**COST, "cells": "on", "cells_share": 0.012})
+    assert "per-Cell hooks on (they cost 1.2% of a step)" in kept and "re-run" not in kept
     assert watch_line(2, "PyNative", "hooks", cost={"tier": "full"}).endswith(
         "full watch: every parameter, optimizer state and gradient in full every step")
 
