@@ -71,6 +71,14 @@ class CellPlan:
             return RESUME
         return self._decide()
 
+    def keep(self) -> bool:
+        """Settle on the hooks without measuring them (where nothing could put them back for
+        an anomalous step); True when this changed the plan."""
+        if self.state == KEPT:
+            return False
+        self.state = KEPT
+        return True
+
     def _decide(self) -> str | None:
         cells = max(0.0, statistics.median(on - off for on, off in zip(self._on, self._off)))
         probe = statistics.median(self._probe)

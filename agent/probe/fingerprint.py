@@ -50,11 +50,17 @@ def chunk_name(name: str, index: int, count: int) -> str:
 
 def host_fingerprint(arr: np.ndarray, a: int = 0, b: int | None = None) -> int:
     """Fingerprint of elements ``[a, b)`` of a host array (32 bits, as a CRC-32 field holds)."""
-    flat = arr.reshape(-1)
-    part = flat[a:b]
-    if not part.flags.c_contiguous:  # a strided view (rare): hashed from a copy
+    return hash_bytes(piece_bytes(arr, a, b)[0])
+
+
+def piece_bytes(arr: np.ndarray, a: int = 0, b: int | None = None) -> tuple[memoryview, bool]:
+    """The bytes of elements ``[a, b)`` of a host array, and whether they had to be copied
+    (a strided view, rare): the array's own memory otherwise."""
+    part = arr.reshape(-1)[a:b]
+    copied = not part.flags.c_contiguous
+    if copied:
         part = np.ascontiguousarray(part)
-    return hash_bytes(memoryview(part).cast("B"))
+    return memoryview(part).cast("B"), copied
 
 
 def hash_bytes(raw: memoryview) -> int:

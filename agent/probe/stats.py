@@ -18,7 +18,6 @@ from typing import Any
 import numpy as np
 
 from rankscope.probe.probe_clock import CLOCK
-
 from rankscope.wire.array_stats import (  # noqa: F401 - the probe's stats are these
     NP_TO_MS,
     TensorStats,

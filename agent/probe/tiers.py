@@ -73,8 +73,7 @@ class Tier:
             # Under a loss scale an overflowing step is the scaler's to skip, never re-run, so
             # a fault that overflows one rank (a NaN or a huge value in its batch) would reach
             # no record of the Cells on any rank: the hooks stay.
-            if self.cells.state != KEPT:
-                self.cells.state = KEPT
+            if self.cells.keep():
                 dbg.cells.resume()
             return
         b = self.vital.budget

@@ -61,11 +61,7 @@ class Piece:
         arr = views.get(id(self.tensor))
         if arr is None:  # one host view a tensor, whatever its chunks due
             arr = views[id(self.tensor)] = to_numpy(self.tensor)[0]
-        part = arr.reshape(-1)[self.a:self.b]
-        copied = not part.flags.c_contiguous
-        if copied:  # a strided view (rare): read from a copy
-            part = np.ascontiguousarray(part)
-        raw = memoryview(part).cast("B")
+        raw, copied = fp.piece_bytes(arr, self.a, self.b)
         # Kept only where the view is the tensor's memory, not a copy asnumpy made.
         own = ptr is not None and not copied and not arr.flags.owndata and arr.ctypes.data == ptr
         self.ptr, self.bytes = (ptr, raw) if own else (None, None)

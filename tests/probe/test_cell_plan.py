@@ -61,3 +61,10 @@ def test_the_first_step_and_the_first_after_each_switch_are_not_measured():
     plan.note_step(9.0, 0.0)
     plan.note_step(0.1, 0.0)
     assert plan.note_step(0.1, 0.0) == RESUME and plan.state == KEPT  # equal: they cost nothing measurable
+
+
+def test_a_plan_settled_without_measuring_stays_kept():
+    plan = CellPlan(0.05)
+    assert plan.keep() and plan.state == KEPT
+    assert not plan.keep()  # already settled: nothing to put back
+    assert plan.note_step(0.5, 0.0) is None and plan.state == KEPT
