@@ -41,6 +41,14 @@ class ParamMovedSettings:
 
 
 @dataclass(frozen=True)
+class SameDataSettings:
+    #: Data-parallel ranks whose local gradients and loss are bit-identical read the same
+    #: batches: a warning in the status, coverage.json and the launch output, never an
+    #: incident. Off for a job that feeds every rank the same data on purpose.
+    enabled: bool = True
+
+
+@dataclass(frozen=True)
 class OutlierSettings:
     """Peer outlier thresholds. Defaults are tuned for zero false alarms (tests/test_soak.py).
 
@@ -95,6 +103,7 @@ class DetectorSettings:
     outlier: OutlierSettings = field(default_factory=OutlierSettings)
     progress: ProgressSettings = field(default_factory=ProgressSettings)
     loss_scale: LossScaleSettings = field(default_factory=LossScaleSettings)
+    same_data: SameDataSettings = field(default_factory=SameDataSettings)
     #: After a detector flags a rank, the same detector stays quiet about that rank for
     #: this many steps: a drifted replica stays drifted and must not open an incident
     #: per step.
@@ -104,6 +113,7 @@ class DetectorSettings:
 _DETECTOR_SECTIONS = {
     "nan_origin": NanOriginSettings, "replica": ReplicaSettings, "param_moved": ParamMovedSettings,
     "outlier": OutlierSettings, "progress": ProgressSettings, "loss_scale": LossScaleSettings,
+    "same_data": SameDataSettings,
 }
 #: Longer spellings users reach for (DESIGN.md's names); same sections.
 _SECTION_ALIASES = {"peer_outlier": "outlier", "replica_consistency": "replica", "nan": "nan_origin"}

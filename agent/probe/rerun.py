@@ -25,7 +25,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from rankscope.probe import layout_probe, replay
+from rankscope.probe import forward_check, layout_probe, replay
 from rankscope.probe.call_outputs import leaves, measure
 from rankscope.probe.rerun_gate import OVERFLOW, AnomalyGate
 from rankscope.probe.stats import is_tensor, to_numpy, wait_for_device
@@ -55,6 +55,8 @@ class Rerunner:
         #: Before a re-run: puts the Cell hooks back and recording on when they were taken
         #: off, returning what undoes it (rankscope.probe.tiers), or None: re-run muted.
         self.deep: Callable[[], Callable[[], None] | None] | None = None
+        #: The Cell a forward record names (CellHooks.cell_of), or None.
+        self.cell_of: Callable[[str], Any] | None = None
         #: A gradient's squared norm when something already reads it once a step, else None.
         self.squared_norm: Callable[[Any], float | None] = lambda g: None
 
@@ -91,19 +93,22 @@ class Rerunner:
             wait_for_device()  # the step's backward, waited for in one place (not the probe's cost)
             loss, gnorm = measure(out, self.squared_norm)
             trigger = self.gate.judge(loss, gnorm)
+            forward = "" if trigger else self.rec.forward_nan()
+            if forward:  # made in the forward and swallowed before the loss and gradients
+                trigger = f"a NaN in its forward ({forward})"
             if trigger == OVERFLOW and self.loss_scaled():
                 return out  # under a loss scale: the scaler skips this update, a re-run tells nothing
             if not trigger:
                 self._streak = False
                 self.gate.learn(loss, gnorm)
                 return out
-            return self._anomalous(inner, args, kwargs, site, out, token, trigger)
+            return self._anomalous(inner, args, kwargs, site, out, token, trigger, forward)
         except Exception as exc:  # noqa: BLE001 - the step's own result stands
             self.rec.error("re-run on anomaly", exc)
             return out
 
     def _anomalous(self, inner: Callable, args: tuple, kwargs: dict, site: tuple[Any, Any, list[str]], out: Any,
-                   token: tuple[Any, int, Any], trigger: str) -> Any:
+                   token: tuple[Any, int, Any], trigger: str, forward: str = "") -> Any:
         fn, weights, names = site
         rng, changes, pre = token
         streak, self._streak = self._streak, True
@@ -118,14 +123,23 @@ class Rerunner:
             self._tell({**detail, "outcome": facts.NOT_POSSIBLE, "why": why})
             return out
         post = _buffers(self._models(site))  # as the first execution left them
-        again = self._again(inner, args, kwargs, rng, pre)
+        watch = forward_check.tap(self.cell_of, self._models(site), forward) if forward else None
+        watched = watch is not None and watch.placed
+        try:
+            again = self._again(inner, args, kwargs, rng, pre)
+        finally:
+            again_nan = watch.close() if watch is not None else False
         if isinstance(again, str):
             _put_back(post)
             self._tell({**detail, "outcome": facts.NOT_POSSIBLE, "why": again})
             return out
         differs = _first_difference(out, again, names)
         loss2, gnorm2 = measure(again)
-        reproduced = not differs or bool(self.gate.judge(loss2, gnorm2))
+        if watched:
+            # The NaN never reached the outputs: whether it came again is what tells.
+            reproduced = again_nan
+        else:
+            reproduced = not differs or bool(self.gate.judge(loss2, gnorm2))
         use = not reproduced and self.policy == "skip"
         if not use:
             _put_back(post)  # the step goes on as first made: so do its buffers
@@ -222,6 +236,7 @@ def attach(dbg: Any) -> Rerunner:
         r.enabled = True  # a replay process replays whatever its config says of re-runs
     dbg.sentinels.rerun = r
     r.loss_scaled = lambda: dbg.sentinels.loss_scales.active
+    r.cell_of = dbg.cells.cell_of
     # The default tier's gradient rows read each gradient's squared norm once: shared.
     r.squared_norm = lambda g: dbg.sentinels.vital.squared_norm(g) if dbg.sentinels.vital is not None \
         and not dbg.sentinels.vital.device_side else None

@@ -110,6 +110,17 @@ def compiled(rank: int, step: int, mode: str) -> dict[str, Any] | None:
             "line": f"not re-run: rank {rank}'s {why.removeprefix('its ')}"}
 
 
+def not_triggered(rank: int, step: int) -> dict[str, Any]:
+    """What a verdict says of a rank that steps eagerly and re-ran nothing at that step:
+    nothing it saw in its own step before the update looked wrong to it. ``assumed``: an
+    outcome the rank says later replaces it."""
+    why = ("its own step did not look anomalous to it before the update (loss, gradient norm and the forward "
+           "values it recorded), or its loop made no value_and_grad call to re-run")
+    return {"rank": rank, "step": step, "outcome": NOT_POSSIBLE, "trigger": "nothing", "why": why, "assumed": True,
+            "line": f"not re-run: rank {rank}'s {why.removeprefix('its ')}: the finding comes from comparing ranks "
+                    "and says nothing of transient or deterministic"}
+
+
 def with_reference(detail: dict[str, Any], result: dict[str, Any]) -> tuple[str, str]:
     """(class, line) once the step was also replayed in another process (``rankscope
     rerun``): ``deterministic``, ``transient``, ``rank_only`` or ``unknown``."""

@@ -24,6 +24,7 @@ class ProgressPrinter:
         self._watch_said: set[str] = set()
         self._plans: dict[str, tuple | None] = {}  # each rank's watch plan as last said (plan_of)
         self._layout: dict[str, str] = {}
+        self._same_data: set[str] = set()
         #: Each rank's newest watch status, for the end-of-run lines.
         self.watch: dict[str, dict] = {}
 
@@ -58,6 +59,10 @@ class ProgressPrinter:
                 if line and self._layout.get(job) != line:
                     self._layout[job] = line
                     self.say(f"layout: {line}")
+                same = j.get("same_data") or {}
+                if same.get("line") and job not in self._same_data:
+                    self._same_data.add(job)
+                    self.say(f"WARNING: {same['line']}")
         if judged is not None and judged >= 0 and judged != self._judged \
                 and (judged - self._judged >= self.every_steps or self._judged < 0):
             self._judged = judged

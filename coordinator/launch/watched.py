@@ -163,6 +163,8 @@ class WatchedRanks:
     partly: list[int] = field(default_factory=list)
     #: Watched ranks compared with no other rank: the job's layout said nothing of them.
     uncompared: list[int] = field(default_factory=list)
+    #: Data-parallel ranks seen reading the same data (detectors.same_data), per set.
+    same_data: list[list[int]] = field(default_factory=list)
 
     @classmethod
     def of(cls, status: dict[str, Any] | None, failures: dict[int, dict[str, Any]]) -> "WatchedRanks":
@@ -178,8 +180,10 @@ class WatchedRanks:
         judged = status.get("last_judged_step")
         alone = sorted({int(r) for j in (status.get("jobs") or {}).values()
                         for r in ((j.get("layout") or {}).get("uncompared") or []) if int(r) in watched})
+        same = [list(g) for j in (status.get("jobs") or {}).values() for g in ((j.get("same_data") or {}).get("sets")
+                                                                             or [])]
         return cls(watched, unwatched, judged if isinstance(judged, int) and judged >= 0 else None,
-                   partly_seen(status, watched), alone)
+                   partly_seen(status, watched), alone, same)
 
     @property
     def complete(self) -> bool:
@@ -217,6 +221,8 @@ def end_of_run_line(cov: WatchedRanks, rc: int, found_divergence: bool) -> str:
     if cov.uncompared:
         partly += (f"; NOT COMPARED: {rank_span(cov.uncompared)} (no rank shares their role: the layout line "
                    "says why)")
+    if cov.same_data:
+        partly += "; SAME DATA on " + ", ".join(rank_span(g) for g in cov.same_data) + " (the warning above says why)"
     return f"no divergence found in {cov.ranks_text()}{steps}{partly}{missed}; {tail}"
 
 

@@ -10,6 +10,8 @@ from rankscope.coordinator.logic.aligner import RankRecord, RankState
 from rankscope.coordinator.logic.detectors.loss_scale import LossScaleDetector
 from rankscope.coordinator.logic.detectors.loss_scale import status_of as loss_scale_status
 from rankscope.coordinator.logic.detectors.replica import ReplicaDetector, healed_summary
+from rankscope.coordinator.logic.detectors.same_data import NAME as SAME_DATA
+from rankscope.coordinator.logic.detectors.same_data import summary as same_data_summary
 from rankscope.coordinator.logic.stops import stop_of
 from rankscope.wire.sync import OUT
 
@@ -35,6 +37,9 @@ def coverage_report(self: "CoordinatorCore", job: str) -> dict[str, Any]:
     healed = healed_splits(self, job)
     if healed["count"]:
         report["replica_splits_healed"] = healed
+    same = same_data(self, job)
+    if same is not None:
+        report["same_data"] = same
     scale = loss_scale(self, job)
     if scale is not None:
         report["loss_scale"] = scale
@@ -63,6 +68,11 @@ def healed_splits(self: "CoordinatorCore", job: str) -> dict[str, Any]:
     steps are judged (with ingest shards: in each shard)."""
     return healed_summary([g.state.get(ReplicaDetector.name, {}) for g in self.aligner.groups.values()
                            if g.job == job])
+
+
+def same_data(self: "CoordinatorCore", job: str) -> dict[str, Any] | None:
+    """Data-parallel ranks that read the same data (:mod:`.detectors.same_data`), or None."""
+    return same_data_summary([g.state.get(SAME_DATA, {}) for g in self.aligner.groups.values() if g.job == job])
 
 
 def max_lag(self: "CoordinatorCore") -> int:
@@ -101,6 +111,7 @@ def status(self: "CoordinatorCore") -> dict[str, Any]:
         j["reruns"] = self.book.reruns.strikes(job)
         j["replica_splits_healed"] = healed_splits(self, job)
         j["loss_scale"] = loss_scale(self, job)
+        j["same_data"] = same_data(self, job)
     return {
         "jobs": jobs, "pending_steps": self.aligner.pending_steps(), "counters": dict(self.aligner.counters),
         "steps_judged": self.aligner.counters["steps_judged"], "records": self.aligner.counters["records"],

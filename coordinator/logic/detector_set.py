@@ -22,6 +22,7 @@ def build_step_detectors(settings: ClusterSettings) -> list[Any]:
     from rankscope.coordinator.logic.detectors.nan_origin import NanOriginDetector
     from rankscope.coordinator.logic.detectors.outlier import OutlierDetector
     from rankscope.coordinator.logic.detectors.replica import ReplicaDetector
+    from rankscope.coordinator.logic.detectors.same_data import SameDataDetector
     from rankscope.coordinator.logic.detectors.watchpoints import WatchpointDetector
 
     d = settings.detectors
@@ -37,6 +38,8 @@ def build_step_detectors(settings: ClusterSettings) -> list[Any]:
         out.append(ParamMovedDetector())
     if d.outlier.enabled:
         out.append(OutlierDetector(d.outlier))
+    if d.same_data.enabled:  # a warning in the detector's state, never a verdict
+        out.append(SameDataDetector())
     if settings.watchpoints:
         out.append(WatchpointDetector(settings.watchpoints))
     return out

@@ -129,7 +129,8 @@ class IncidentBook:
             watch = (rec.watch or {}) if rec else {}
             # A compiled whole step says so in its watch line; GRAPH ranks always run so.
             compiled = watch.get("rerun") or watch.get("mode") == rerun_facts.GRAPH
-            rr = rerun_facts.compiled(v.rank, v.step, str(watch.get("mode"))) if compiled else None
+            rr = rerun_facts.compiled(v.rank, v.step, str(watch.get("mode"))) if compiled \
+                else rerun_facts.not_triggered(v.rank, v.step) if rec is not None else None
         if rr is None:
             return policy
         strikes = self.reruns.strikes(v.job).get(str(v.rank))
@@ -145,7 +146,7 @@ class IncidentBook:
         for inc in self.by_id.values():
             v = inc.verdict
             if inc.job == job and v.decided and (v.rank, v.step) == (entry["rank"], entry["step"]) \
-                    and "rerun" not in v.evidence:
+                    and ("rerun" not in v.evidence or v.evidence["rerun"].get("assumed")):
                 v.evidence = {**v.evidence, "rerun": entry}
                 self.store.save(inc)
                 if inc.final:

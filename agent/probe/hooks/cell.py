@@ -35,6 +35,9 @@ class CellHooks:
         self._given: list[Any] = []
         #: True while the hooks are taken off to save their cost (rankscope.probe.cell_plan).
         self.suspended = False
+        #: Each hooked Cell by its record prefix (``Cell.{path}.{Class}``): what a record's
+        #: name leads back to (a re-run watches the Cell a forward NaN came from).
+        self.by_prefix: dict[str, Any] = {}
 
     # ------------------------------------------------------------------ attach
     def attach(self, models: Any) -> None:
@@ -78,7 +81,13 @@ class CellHooks:
                 self.rec.error("registering grad hooks", exc)
         return None
 
+    def cell_of(self, record: str) -> Any:
+        """The Cell a forward record of this process names, or None."""
+        at = record.find(".forward.")
+        return self.by_prefix.get(record[:at]) if at > 0 else None
+
     def _attach_cell(self, prefix: str, cell: Any) -> None:
+        self.by_prefix[prefix] = cell
         self._handles.append(compile_guard.register(cell, self._pre_hook(prefix), pre=True))
         self._handles.append(compile_guard.register(cell, self._fwd_hook(prefix), with_kwargs=True))
         for pname, param in getattr(cell, "_params", {}).items():

@@ -209,6 +209,23 @@ class Recorder(GradHooks):
             except Exception as exc:  # noqa: BLE001
                 self.error(f"stats of {name}", exc)
 
+    def forward_nan(self) -> str:
+        """The name of the step's first queued forward record holding a NaN, or "" (an Inf
+        is no anomaly here: attention masks carry -inf on every step).
+        Its statistics are computed now, in place, so the queue keeps its order and
+        :meth:`resolve` does not compute them again (the same work, earlier in the step)."""
+        if self.device_side:
+            return ""
+        for i, (name, kind, value, crc, entry, st) in enumerate(self._pending):
+            if kind != Kind.FORWARD:
+                continue
+            if st is None:
+                st = tensor_stats(value, crc)
+                self._pending[i] = (name, kind, value, crc, entry, st)
+            if isinstance(st, TensorStats) and st.nan:
+                return name
+        return ""
+
     def value(self, name: str, kind: Kind, value: Any) -> Any:
         """dump.json form of any argument: tensors get stats, containers recurse."""
         if is_tensor(value):

@@ -40,9 +40,11 @@ from rankscope.coordinator.logic.detectors.common import (
 )
 from rankscope.coordinator.logic.detectors.moved import RULE as MOVED_RULE
 from rankscope.coordinator.logic.detectors.moved import movers
-from rankscope.coordinator.logic.detectors.named import replicated_outputs
+from rankscope.coordinator.logic.detectors import systematic
+from rankscope.coordinator.logic.detectors.named import PARAM_START, replicated_outputs
 from rankscope.coordinator.logic.verdict import Verdict
 from rankscope.wire.records import NO_CRC, REPLICATED_KINDS, Kind
+from rankscope.wire.spans import rank_span
 
 #: Weights that differ at the first step watched were never the same: training cannot have
 #: pulled them apart yet, and MindSpore's data parallel does not make them equal by itself.
@@ -152,9 +154,14 @@ class ReplicaDetector:
                 units.append((None, cols))  # the clean case above costs no hashing or sorting
         elif cols.shape[0]:
             units += [(rows, cols) for rows in _unequal_sets(view, cols, sets.replica_groups())]
+        in_sets = len(units)
         if not view.replicas_mode:
             units += self._collective_units(view)
-        found = [f for rows, c in units if (f := self._judge_rows(view, rows, c, first_step)) is not None]
+        judged = [self._judge_rows(view, rows, c, first_step) for rows, c in units]
+        if sets is not None and not sets.whole and not view.replicas_mode:
+            _every_set_splits([f for f in judged[:in_sets] if f is not None], len(sets.replica_groups()), view,
+                              view.step == first_step)
+        found = [f for f in judged if f is not None]
         out = self._settle_held(view, state, found)
         hard = [f for f in found if not f.round_off]
         if hard:
@@ -226,7 +233,9 @@ class ReplicaDetector:
         majority = 2 * count > total
         deviants = [int(idx[r]) for r in np.flatnonzero(dev[:, j])]
         compared = [int(idx[r]) for r in np.flatnonzero(pres[:, j])]
+        compared_ids = [int(view.ranks[r]) for r in compared]
         decided, rule = True, "replicated record differs from the group majority (CRC-32 + stats, bit for bit)"
+        agree: list[list[int]] = []
         if majority:
             ties = sorted(set(ties) | set(deviants) - {row})
         else:
@@ -237,6 +246,8 @@ class ReplicaDetector:
             else:  # nobody can be told apart: the verdict names every rank of the column
                 decided, rule = False, "replicated record differs and no majority exists"
                 ties = [r for r in compared if r != row]
+                p = pres[:, j]
+                agree = [[int(view.ranks[idx[p][i]]) for i in g] for g in systematic.classes(sig[p, j])]
         ref_row = next((int(idx[r]) for r in np.flatnonzero(same[:, j]) if int(idx[r]) != row), None)
         if ref_row is None:
             ref_row = next(r for r in compared if r != row)
@@ -254,15 +265,35 @@ class ReplicaDetector:
         }
         if rows is not None:
             evidence["replica_set"] = sorted(int(view.ranks[r]) for r in rows)[:MAX_EVIDENCE_RANKS]
-        if view.step == first_step and int(view.kind[col]) == int(Kind.PARAM):
+        if view.step == first_step and view.keys.names[col].startswith(PARAM_START):
             evidence["hint"] = START_HINT
         stats_agree = _stats_agree(view, idx, cols, dev, same)
         evidence["stats_agree"] = stats_agree
         v = make_verdict(self.name, view, row, col, ties, evidence)
         v.decided = decided
+        if not decided and systematic.all_distinct(agree):
+            systematic.mark(v, systematic.RULE_ALL_DIFFER, agree, f"across the replicas {rank_span(compared_ids)}",
+                            view.step == first_step)
         dev_kinds = view.kind[cols[dev.any(axis=0)]]
         round_off = stats_agree and bool((dev_kinds == int(Kind.OPT_STATE)).all())
         return Finding(v, round_off, row, col, idx[pres[:, j]])
+
+
+def _every_set_splits(found: list[Finding], sets: int, view: StepView, first_step: bool) -> None:
+    """Mark the findings job-wide when every replica set of the layout (two or more) split
+    with no majority on the same tensor at this step: the layout's pattern, not a rank's."""
+    open_ = [f for f in found if not f.verdict.decided and not f.verdict.evidence.get("systematic")]
+    if sets < 2 or len(open_) != sets or len({f.verdict.tensor for f in open_}) != 1:
+        return
+    agree = []
+    for f in open_:
+        present = f.rows[view.present[f.rows, f.col]]
+        sig = signatures(view, np.array([f.col]), present)[:, 0]
+        agree += [[int(view.ranks[present[i]]) for i in g] for g in systematic.classes(sig)]
+    where = "; ".join(rank_span(sorted(int(view.ranks[r]) for r in f.rows)) for f in open_)
+    for f in open_:
+        systematic.mark(f.verdict, systematic.RULE_EVERY_SET, agree, f"across the replicas of each set ({where})",
+                        first_step)
 
 
 def _first(found: list[Finding]) -> Finding:

@@ -42,7 +42,7 @@ def test_a_re_run_of_another_rank_or_step_is_not_this_verdict_s():
     core.on_rerun("j", _rerun(1, 5, "transient"))
     core.on_rerun("j", _rerun(2, 4, "transient"))
     inc = core.book.open_or_attach(Verdict("nan_origin", 2, 5, "t", 3, "forward", "j/0", job="j"))
-    assert "rerun" not in inc.verdict.evidence and inc.policy.value == "pause"
+    assert inc.verdict.evidence["rerun"].get("assumed") is True and inc.policy.value == "pause"
 
 
 def test_a_re_run_said_after_the_incident_opened_joins_it(tmp_path):
@@ -82,9 +82,16 @@ def test_a_rank_whose_steps_run_compiled_is_said_not_re_run():
     assert rerun["line"].startswith("not re-run: rank 2's steps run compiled (GRAPH)")
     eager = _core()
     eager.on_watch("j", 1, {"mode": "PyNative", "how": "hooks", "reason": ""})
-    # An eager rank that re-ran nothing saw nothing wrong before its reduction: no line.
+    # An eager rank that re-ran nothing saw nothing wrong before its update: the verdict
+    # says so, and that it cannot tell transient from deterministic.
     inc = eager.book.open_or_attach(Verdict("outlier", 1, 5, "t", 3, "forward", "j/0", job="j"))
-    assert "rerun" not in inc.verdict.evidence
+    said = inc.verdict.evidence["rerun"]
+    assert said["outcome"] == "not_possible" and said["assumed"] is True and inc.policy.value == "pause"
+    assert said["line"].startswith("not re-run: rank 1's own step did not look anomalous to it")
+    assert "transient or deterministic" in said["line"]
+    # The rank's own outcome, said after the incident opened, replaces the assumption.
+    eager.on_rerun("j", _rerun(1, 5, "reproduced", bitwise=True))
+    assert inc.verdict.evidence["rerun"]["outcome"] == "reproduced"
 
 
 def test_the_incident_and_its_report_carry_the_rank_s_strikes(tmp_path):
