@@ -6,6 +6,9 @@ loss at a step, they computed the same thing from the same batch: a sampler that
 shard, a seed that picks the same indices on every rank. The job trains on a fraction of
 its data while every check passes, so nothing else would say it.
 
+Where a rank records no local gradient (no gradient reducer the probe sees), the loss
+alone is compared, and the same ranks must tie on two steps in a row.
+
 This is a warning, never a verdict: no pause, no incident. It is kept in the detector's
 state (the first step and which ranks, and how many steps showed it) for the status,
 coverage.json and the launch line.
@@ -46,6 +49,15 @@ class SameDataDetector:
         found = []
         for rows in groups:
             found += _same(view, rows, cols)
+        if found and not (view.kind[cols] == int(Kind.GRAD_LOCAL)).any():
+            # The loss alone: a model whose head starts at zero gives every input the same
+            # loss at its first step, so the same ranks must tie at the next step too.
+            held, state["held"] = state.get("held"), {"step": view.step, "sets": found}
+            if not held or held["step"] != view.step - 1 or held["sets"] != found:
+                return []
+            if "first" not in state:
+                state["first"] = {"step": held["step"], "sets": found[:_SHOWN]}
+                state["steps"] = 1
         if found:
             first = state.setdefault("first", {"step": view.step, "sets": found[:_SHOWN]})
             state["steps"] = state.get("steps", 0) + 1
@@ -96,6 +108,6 @@ def summary(states: list[dict[str, Any]]) -> dict[str, Any] | None:
 
 def line(step: int, sets: list[list[int]]) -> str:
     who = "; ".join(rank_span(g) for g in sets)
-    return (f"{who} read the same data at step {step}: their local gradients and loss are bit-identical, so the "
+    return (f"{who} read the same data at step {step}: their loss and local gradients (where recorded) are bit-identical, so the "
             "data-parallel ranks train on one rank's batches (a sampler that does not shard, or the same seed "
             "picking the same samples); not an incident, the job runs on")

@@ -74,3 +74,30 @@ def test_the_status_and_coverage_carry_the_warning_and_no_incident_opens() -> No
     assert core.status()["jobs"][job]["same_data"]["first_step"] == 0
     assert core.coverage_report(job)["same_data"]["sets"] == [[0, 1, 2, 3]]
     assert np.isfinite(core.coverage_report(job)["same_data"]["steps"])
+
+
+def test_the_loss_alone_must_tie_on_two_steps_in_a_row() -> None:
+    # No local gradients recorded (no reducer the probe sees): a head that starts at zero
+    # gives every rank the same first loss, which is no sign of the same data.
+    sim = SyntheticTraining(ranks=4, tensors=32, seed=25)
+    local = [i for i, k in enumerate(sim.kinds) if k == Kind.GRAD_LOCAL]
+    loss = [i for i, k in enumerate(sim.kinds) if k == Kind.LOSS]
+    det, state, judge = SameDataDetector(), {}, StepJudge()
+
+    def step(n: int, tie: bool) -> None:
+        batches = sim.batches(n)
+        for b in batches:
+            b.kinds = b.kinds.copy()
+            b.kinds[local] = int(Kind.FORWARD)  # not local gradients: nothing but the loss compares
+            if tie:
+                b.stats[loss] = batches[0].stats[loss]
+                b.crc32[loss] = batches[0].crc32[loss]
+        det.judge(judge.view(batches), state)
+
+    step(0, True)
+    step(1, False)
+    assert summary([state]) is None  # one tie, then different: the start, not the data
+    step(2, True)
+    step(3, True)
+    got = summary([state])
+    assert got["first_step"] == 2 and got["sets"] == [[0, 1, 2, 3]]
