@@ -131,6 +131,8 @@ class Finding(NamedTuple):
     row: int
     col: int
     rows: np.ndarray  # the rows compared
+    #: With no majority: the compared ranks grouped by the value they hold (else []).
+    classes: list[list[int]]
 
 
 class ReplicaDetector:
@@ -276,7 +278,7 @@ class ReplicaDetector:
                             view.step == first_step)
         dev_kinds = view.kind[cols[dev.any(axis=0)]]
         round_off = stats_agree and bool((dev_kinds == int(Kind.OPT_STATE)).all())
-        return Finding(v, round_off, row, col, idx[pres[:, j]])
+        return Finding(v, round_off, row, col, idx[pres[:, j]], agree)
 
 
 def _every_set_splits(found: list[Finding], sets: int, view: StepView, first_step: bool) -> None:
@@ -285,11 +287,7 @@ def _every_set_splits(found: list[Finding], sets: int, view: StepView, first_ste
     open_ = [f for f in found if not f.verdict.decided and not f.verdict.evidence.get("systematic")]
     if sets < 2 or len(open_) != sets or len({f.verdict.tensor for f in open_}) != 1:
         return
-    agree = []
-    for f in open_:
-        present = f.rows[view.present[f.rows, f.col]]
-        sig = signatures(view, np.array([f.col]), present)[:, 0]
-        agree += [[int(view.ranks[present[i]]) for i in g] for g in systematic.classes(sig)]
+    agree = [g for f in open_ for g in f.classes]
     where = "; ".join(rank_span(sorted(int(view.ranks[r]) for r in f.rows)) for f in open_)
     for f in open_:
         systematic.mark(f.verdict, systematic.RULE_EVERY_SET, agree, f"across the replicas of each set ({where})",

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from rankscope.coordinator.logic.detectors.named import PARAM_END, PARAM_START
+from rankscope.coordinator.logic.detectors.named import PARAM_START
 from rankscope.coordinator.logic.verdict import JOB_WIDE, Verdict
 from rankscope.wire.records import Kind
 
@@ -74,6 +74,4 @@ def mark(v: Verdict, rule: str, agree: list[list[int]], where: str, first_step: 
     ev["probable_cause"] = probable_cause(v.tensor, v.kind, where, first_step)
     ev[JOB_WIDE] = ("every rank runs this split (it follows the layout, so it is code or configuration, not "
                     f"one machine): {ev['probable_cause']}")
-    if v.tensor and v.tensor.startswith(PARAM_END):
-        ev.pop("hint", None)  # after an update: the start was equal, so a seed hint would mislead
     return v
