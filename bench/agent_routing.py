@@ -74,7 +74,7 @@ def role_rank(args: argparse.Namespace) -> int:
     import numpy as np
 
     from rankscope.client.agent_client import AgentClient, RankClaim
-    from rankscope.coordinator.server.ingest_bench import simulated_batch
+    from rankscope.coordinator.server.ingest_load import simulated_batch
     from rankscope.probe.gate import StepGate
     from rankscope.wire.records import StepOutput
 

@@ -36,7 +36,7 @@ import numpy as np
 import rankscope
 from rankscope.wire import protocol
 from rankscope.wire.shards import ShardMap
-from rankscope.coordinator.server.ingest_bench import simulated_batch
+from rankscope.coordinator.server.ingest_load import simulated_batch
 ranks, tensors, steps, shards = (int(x) for x in sys.argv[1:5])
 rng = np.random.default_rng(0)
 smap = ShardMap(shards)

@@ -99,3 +99,13 @@ def test_rank_side_install_keeps_the_users_mindspore_and_brings_no_ray(wheelhous
     pip(python, "install", "--dry-run", "--report", str(report), *local, "rankscope[coordinator]", env=env)
     wanted = {i["metadata"]["name"].lower() for i in json.loads(report.read_text())["install"]}
     assert {"ray", "matplotlib"} <= wanted and "mindspore" not in wanted, wanted
+
+
+def test_the_wheel_carries_the_pages_assets(wheelhouse):
+    """The console and the report are served from the installed package (no CDN): a
+    missing asset would be a blank page on an air-gapped cluster."""
+    [whl] = wheelhouse.glob("rankscope-*.whl")
+    names = set(zipfile.ZipFile(whl).namelist())
+    for asset in ("rankscope/coordinator/console/static/index.html", "rankscope/coordinator/console/static/console.js",
+                  "rankscope/coordinator/console/static/console.css", "rankscope/coordinator/report/template.html"):
+        assert asset in names, sorted(n for n in names if "static" in n or "report/" in n)

@@ -24,6 +24,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "terminate": ("rankscope.coordinator.cli.control", "terminate every rank"),
     "export": ("rankscope.coordinator.cli.control", "export every rank's bundle now"),
     "collect": ("rankscope.coordinator.cli.control", "gather every rank's local dump into one tree"),
+    "console": ("rankscope.coordinator.cli.console", "the live web console of a running job (grid, verdicts, controls)"),
     "report": ("rankscope.coordinator.cli.report", "re-render an incident's report.html"),
     "rerun": ("rankscope.coordinator.cli.rerun", "replay an incident's anomalous step: data, code, or that device?"),
     "analyze": ("rankscope.coordinator.cli.analyze", "the same verdict from msProbe dump trees made elsewhere (offline)"),

@@ -168,3 +168,35 @@ def _parse_kinds(fld: str, val: Any, err: Callable[[str, Any, str], Exception]) 
         except KeyError:
             raise err(fld, k, "unknown kind (known: " + ", ".join(x.name.lower() for x in Kind) + ")") from None
     return frozenset(kinds)
+
+
+def condition_params() -> dict[str, list[str]]:
+    """Each condition and the thresholds it takes (what a form offers), in MindInsight's order."""
+    return {c.value: list(_SPEC[c][1]) for c in Condition}
+
+
+#: Thresholds on statistics the default watch does not record for weights, optimizer
+#: state and gradients (weights and state carry a fingerprint, gradients their norm).
+_NEEDS_FULL_STATS = ("max_", "min_", "mean_", "range_", "zero_pct_", "change_ratio_")
+_TENSORS_WITHOUT_STATS = frozenset({int(Kind.PARAM), int(Kind.OPT_STATE), int(Kind.GRAD_LOCAL),
+                                    int(Kind.GRAD_REDUCED)})
+
+
+def default_watch_blind(rule: WatchpointRule) -> str | None:
+    """What ``rule`` cannot see under the default watch, in one sentence, or None. The
+    detector finds no value there to compare (never a false hit), so it would stay
+    silent where a user expects it to fire."""
+    stats = sorted({k.rsplit("_", 1)[0] for k, _ in rule.params if k.startswith(_NEEDS_FULL_STATS)})
+    if not stats or not rule.kinds & _TENSORS_WITHOUT_STATS:
+        return None
+    return (f"{rule.id}: the default watch records no {'/'.join(stats)} of weights, optimizer state or "
+            "gradients (it keeps a fingerprint of each weight and each gradient's norm): this rule sees them only "
+            "under --watch full; on gradients, the rms_* thresholds work in either watch")
+
+
+def blind_watchpoints(cluster: dict) -> list[str]:
+    """What each of a job's watchpoints cannot see in its watch (``cluster`` as the job's
+    config holds it): said once at the start, so a rule never stays silent unexplained."""
+    if cluster.get("watch", "default") == "full":
+        return []
+    return [b for r in parse_watchpoints(cluster.get("watchpoints") or []) if (b := default_watch_blind(r))]

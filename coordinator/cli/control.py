@@ -23,13 +23,7 @@ VERBS = ("status", "pause", "resume", "step", "terminate", "export", "collect")
 
 def build_parser(verb: str) -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog=f"rankscope {verb}")
-    ap.add_argument("--address", default=None,
-                    help="Ray cluster address (default: the cluster of the rankscope job running on this "
-                         "machine, --job picking one when there are several)")
-    ap.add_argument("--name", default=None, help="coordinator actor name (default: the only rankscope* actor)")
-    ap.add_argument("--namespace", default=DEFAULT_NAMESPACE, help="Ray namespace (default: %(default)s)")
-    ap.add_argument("--verbose", action="store_true", help="also show Ray's own log lines")
-    ap.add_argument("--job", default=None, help="job id, when the coordinator serves several")
+    add_reach_options(ap)
     ap.add_argument("--json", action="store_true", help="print the coordinator's answer as JSON")
     ap.add_argument("--timeout", type=float, default=30.0,
                     help="seconds to wait for the coordinator (default: %(default)s)")
@@ -106,15 +100,10 @@ def main(argv: list[str]) -> int:
     if verb == "step" and args.n < 1:
         print(f"rankscope step: N must be >= 1, got {args.n}", file=sys.stderr)
         return 2
-    from rankscope.coordinator.server.client import Coordinator, CoordinatorError, connect_ray
-    from rankscope.coordinator.server.job_index import NoSuchJob, pick
+    from rankscope.coordinator.server.client import CoordinatorError
+    from rankscope.coordinator.server.job_index import NoSuchJob
     try:
-        if args.address is None and not _ray_connected():
-            rec = pick(args.job)
-            args.address, args.namespace = rec.address, rec.namespace
-            args.name = args.name or rec.name
-        connect_ray(args.address, args.namespace, verbose=args.verbose)
-        coord = Coordinator.find(args.name, args.namespace, job=args.job)
+        coord = reach(args)
     except (CoordinatorError, NoSuchJob) as exc:
         print(f"rankscope {verb}: {exc}", file=sys.stderr)
         return 1
@@ -139,6 +128,33 @@ def main(argv: list[str]) -> int:
     if verb == "collect" and not args.no_wait:
         return _follow_collect(coord, args.timeout)
     return 0
+
+
+def add_reach_options(ap: argparse.ArgumentParser) -> None:
+    """How a command finds a running job's coordinator (shared by the console)."""
+    ap.add_argument("--address", default=None,
+                    help="Ray cluster address (default: the cluster of the rankscope job running on this "
+                         "machine, --job picking one when there are several)")
+    ap.add_argument("--name", default=None, help="coordinator actor name (default: the only rankscope* actor)")
+    ap.add_argument("--namespace", default=DEFAULT_NAMESPACE, help="Ray namespace (default: %(default)s)")
+    ap.add_argument("--verbose", action="store_true", help="also show Ray's own log lines")
+    ap.add_argument("--job", default=None, help="job id, when the coordinator serves several")
+
+
+def reach(args: argparse.Namespace) -> Any:
+    """The running job's Coordinator, found as ``rankscope status`` finds it: ``--address``,
+    else the job index of this machine (which also fills ``args.export_dir`` when the
+    command has that option unset). CoordinatorError or NoSuchJob naming what is missing."""
+    from rankscope.coordinator.server.client import Coordinator, connect_ray
+    from rankscope.coordinator.server.job_index import pick
+    if args.address is None and not _ray_connected():
+        rec = pick(args.job)
+        args.address, args.namespace = rec.address, rec.namespace
+        args.name = args.name or rec.name
+        if getattr(args, "export_dir", "unset") is None:
+            args.export_dir = rec.export_dir
+    connect_ray(args.address, args.namespace, verbose=args.verbose)
+    return Coordinator.find(args.name, args.namespace, job=args.job)
 
 
 def _ray_connected() -> bool:

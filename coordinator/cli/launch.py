@@ -10,10 +10,12 @@ import signal
 import sys
 from pathlib import Path
 
+from rankscope.config.watchpoints import blind_watchpoints
+from rankscope.coordinator.cli.console import add_console_options
 from rankscope.coordinator.cli.shards_option import add_shards_option, apply_shards
 from rankscope.coordinator.launch import msrun_args, preflight
 from rankscope.coordinator.launch.preflight import UsageError
-from rankscope.coordinator.launch.runner import ACTIONS, Launch
+from rankscope.coordinator.launch.runner import ACTIONS, Launch, print_loud
 from rankscope.coordinator.launch.watched import UNWATCHED_EXIT
 from rankscope.wire.watch_line import TIERS
 
@@ -50,6 +52,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-replay", action="store_true",
                    help="do not replay a step a rank re-ran and reproduced in another process at the end "
                         "(rankscope rerun does it later)")
+    p.add_argument("--console", nargs="?", const=0, type=int, default=None, metavar="PORT",
+                   help="serve the live web console of this job (on PORT, default a free one) and print its "
+                        "URL; the same as `rankscope console` in another terminal")
+    add_console_options(p)
     p.add_argument("--quiet", action="store_true", help="no progress lines, only the verdict and warnings")
     p.add_argument("--verbose", action="store_true", help="also show Ray's own log lines")
     p.add_argument("--grace", type=float, default=10.0, metavar="SECONDS",
@@ -79,6 +85,11 @@ def check_args(args: argparse.Namespace) -> dict:
     if args.watch is not None:
         job["cluster"] = {**job.get("cluster", {}), "watch": args.watch}
     preflight.non_negative("--grace", args.grace)
+    if args.console is not None and not 0 <= args.console <= 65535:
+        raise UsageError(f"--console {args.console} is not a port (0-65535)")
+    if args.console is not None and args.agent:
+        raise UsageError("--console goes with the coordinator, not with --agent: run `rankscope console` where "
+                         "the cluster coordinator's Ray is reachable")
     args.export_dir = preflight.writable_dir("--export-dir", args.export_dir)
     if args.log is not None:
         args.log = preflight.writable_file("--log", args.log)
@@ -97,6 +108,8 @@ def main(argv: list[str]) -> int:
     except UsageError as exc:
         print(f"rankscope launch: {exc}", file=sys.stderr)
         return 2
+    for blind in blind_watchpoints(job["cluster"]):
+        print_loud(f"WARNING: watchpoint {blind}")
     launch = Launch(args, job)
     # Ctrl-C / SIGTERM: stop the command's whole tree, then clean up as usual.
     def _on_signal(signum, _frame):
@@ -118,6 +131,8 @@ def main(argv: list[str]) -> int:
         else:
             endpoint = launch.start_coordinator()
             _catch_signals()
+            if args.console is not None:
+                launch.start_console()
             agent_endpoint = launch.start_agent(endpoint)
         rc = launch.run_command(agent_endpoint)
         return launch.finish(rc)

@@ -68,6 +68,7 @@ class Launch:
         self.agent_proc: subprocess.Popen | None = None
         self.cmd_proc: subprocess.Popen | None = None
         self.coordinator = None
+        self.console = None  # rankscope.coordinator.console.server.ConsoleServer with --console
         self.address: str | None = None  # the Ray address operator commands use to reach this job
         self.started_ray = False
         self._agent_cmd: list[str] = []
@@ -93,6 +94,13 @@ class Launch:
         self.say(f"control it from another terminal: rankscope status|pause|step N|resume|export|terminate "
                  f"{reach_args(self.address, self.job)}")
         return endpoint
+
+    def start_console(self) -> None:
+        from rankscope.coordinator.console.server import ConsoleServer, console_line
+        self.console = ConsoleServer(self.coordinator, self.export_dir, host=self.args.console_host,
+                                     port=self.args.console, read_only=self.args.read_only, job=self.job)
+        # Printed even with --quiet: it is the only way to the page.
+        print(console_line(self.console.start()), flush=True)
 
     def start_agent(self, coordinator_endpoint: str) -> str:
         listen = f"ipc://{self.runtime_dir}/agent.sock"
@@ -361,6 +369,8 @@ class Launch:
     def cleanup(self) -> None:
         from rankscope.coordinator.server import job_index
         job_index.forget(self.listed)
+        if self.console is not None:
+            self.console.stop()
         self.stop_command()
         if self.agent_proc is not None and self.agent_proc.poll() is None:
             self.agent_proc.terminate()

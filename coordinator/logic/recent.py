@@ -15,7 +15,8 @@ from typing import Any
 import numpy as np
 
 from rankscope.coordinator.logic.aligner import NO_EXEC, StepView
-from rankscope.coordinator.logic.detectors.common import MAX_EVIDENCE_RANKS, nanmedian0, num
+from rankscope.coordinator.logic.detectors.common import MAX_EVIDENCE_RANKS, nanmedian0, num, set_medians
+from rankscope.coordinator.logic.detectors.outlier import log_values
 from rankscope.wire.records import NO_CRC, PRE_REDUCTION_KINDS, STAT_COLUMNS, Kind
 
 #: Steps kept per group; a verdict's step and a few either side fit with room to spare
@@ -29,6 +30,10 @@ WINDOW_FIELDS = (*STAT_COLUMNS, "nan", "inf", "numel", "crc32")
 #: Rows of the non-finite chain; the rest is counted, not listed.
 MAX_CHAIN_RECORDS = 60
 MAX_CHAIN_RANKS = 16
+
+#: A rank's deviation where its comparable records hold NaN/Inf (JSON has no Inf): the
+#: report's heatmap and the console's grid and model tree draw it as non-finite.
+NONFINITE_DEVIATION = 1e9
 
 _PRE = frozenset(int(k) for k in PRE_REDUCTION_KINDS)
 
@@ -68,6 +73,31 @@ class RecentSteps:
         if verdict.get("detector") == "nan_origin":
             out["nonfinite_chain"] = self.nonfinite_chain(group, step)
         return {k: v for k, v in out.items() if v is not None}
+
+    def tensors(self, group: str, step: int | None = None) -> dict[str, Any] | None:
+        """Every tensor of one kept step (the newest when ``step`` is None or not kept), in
+        execution order, with its worst deviation across ranks: the largest |log norm -
+        median of the rank's set| (NONFINITE_DEVIATION where a rank has NaN/Inf) and the
+        rank it is on. None when nothing is kept."""
+        views = self.views(group)
+        if not views:
+            return None
+        v = next((x for x in views if x.step == step), views[-1])
+        cols = np.arange(v.present.shape[1])
+        y = log_values(v, cols)
+        sets = v.sets
+        med = set_medians(y, None if sets is None or sets.whole else sets.role_groups())[0]
+        with np.errstate(invalid="ignore"):
+            d = np.abs(y - med)
+        d = np.where(np.isfinite(d), d, -1.0)
+        d[v.present & ((v.nan > 0) | (v.inf > 0))] = NONFINITE_DEVIATION
+        worst = d.argmax(axis=0) if d.shape[0] else np.zeros(cols.shape[0], np.int64)
+        dev = d.max(axis=0) if d.shape[0] else np.full(cols.shape[0], -1.0)
+        order = np.argsort(np.where(v.present, v.exec, NO_EXEC).min(axis=0), kind="stable")
+        return {"group": group, "step": v.step, "steps": [x.step for x in views],
+                "tensors": [{"name": v.keys.names[c], "kind": _kind_name(int(v.kind[c])),
+                             "deviation": None if dev[c] < 0 else float(dev[c]),
+                             "rank": None if dev[c] < 0 else int(v.ranks[worst[c]])} for c in order.tolist()]}
 
     def tensor_window(self, group: str, tensor: str | None, step: int, focus: list[int],
                       before: int = 4, after: int = 3) -> dict[str, Any] | None:

@@ -17,12 +17,20 @@ import numpy as np
 from rankscope.coordinator.logic.aligner import StepView
 from rankscope.coordinator.logic.detectors.common import set_medians
 from rankscope.coordinator.logic.detectors.outlier import log_values
-from rankscope.coordinator.logic.recent import RecentSteps
+from rankscope.coordinator.logic.recent import NONFINITE_DEVIATION, RecentSteps
 from rankscope.wire.records import Kind
 
 
 def _jsonable(a: np.ndarray, present: np.ndarray) -> list[float | str | None]:
     return [None if not p else float(x) if np.isfinite(x) else str(float(x)) for x, p in zip(a, present)]
+
+
+def _deviations(dev: np.ndarray, width: int) -> list[float | None]:
+    """A step's deviation per rank as JSON: NONFINITE_DEVIATION for a rank with NaN/Inf,
+    None for one that sent nothing (a shorter row, from before ranks joined, is padded)."""
+    out: list[float | None] = [None if np.isnan(v) else float(v) if np.isfinite(v) else NONFINITE_DEVIATION
+                               for v in dev]
+    return out + [None] * (width - len(out))
 
 
 class SeriesRecorder:
@@ -80,6 +88,17 @@ class SeriesRecorder:
         """The newest row of ``group`` and the ranks it is over."""
         return self._ranks[group], self._groups[group][-1]
 
+    def tail(self, steps: int) -> dict[str, Any]:
+        """Per group, the newest ``steps`` judged steps' deviation of every rank: the live
+        console's grid (NONFINITE_DEVIATION for NaN/Inf, None for no record)."""
+        out = {}
+        for label, q in self._groups.items():
+            rows = list(q)[-steps:] if steps > 0 else []
+            width = len(self._ranks[label])
+            out[label] = {"ranks": self._ranks[label], "steps": [s for s, *_ in rows],
+                          "deviation": [_deviations(x, width) for *_, x in rows]}
+        return out
+
     def to_dict(self, group: str | None = None) -> dict[str, Any]:
         out = {}
         for label, q in self._groups.items():
@@ -98,8 +117,6 @@ class SeriesRecorder:
                 "ranks": ranks, "steps": [s for s, *_ in q],
                 "loss": [values(x) for _, x, _, _ in q],
                 "grad_norm": [values(x) for _, _, x, _ in q],
-                # NONFINITE_DEVIATION for a rank with NaN/Inf, None for one that sent nothing.
-                "deviation": [[None if np.isnan(v) else float(v) if np.isfinite(v) else 1e9 for v in pad(x)]
-                              for *_, x in q],
+                "deviation": [_deviations(x, width) for *_, x in q],
             }
         return out

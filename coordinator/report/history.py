@@ -15,8 +15,6 @@ from typing import Any
 from rankscope.wire.atomic import atomic_write_bytes
 
 HISTORY_FILE = "history.json"
-#: SeriesRecorder's deviation for a rank with NaN/Inf in its comparable records.
-NONFINITE_DEVIATION = 1e9
 #: How a non-finite value is spelled in history.json and incident.json.
 NONFINITE = ("nan", "inf", "-inf")
 

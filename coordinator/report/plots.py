@@ -15,9 +15,9 @@ from typing import Any
 
 import numpy as np
 
+from rankscope.coordinator.logic.recent import NONFINITE_DEVIATION
 from rankscope.coordinator.report.fmt import as_float
 
-NONFINITE_DEVIATION = 1e9
 #: Marks drawn per curve plot; past it the rest are counted in the legend.
 MAX_MARKS = 64
 #: Ranks drawn per curve plot besides the named one.

@@ -60,6 +60,9 @@ class _CoordinatorActor:
     def incidents(self) -> list[dict]:
         return self._svc.incidents()
 
+    def console(self, what: str, args: dict | None = None) -> Any:
+        return self._svc.console(what, args)
+
     def drain(self, timeout_s: float = 30.0) -> list[dict]:
         return self._svc.drain(timeout_s)
 

@@ -193,6 +193,11 @@ class Coordinator:
         """ValueError when the coordinator refuses the command or its arguments."""
         return self._call("control", command, dict(args or {}), timeout=timeout)
 
+    def console(self, what: str, args: dict | None = None, timeout: float = 30.0) -> Any:
+        """What the live console reads or sets (service_console.QUERIES); ValueError when
+        the coordinator refuses the arguments."""
+        return self._call("console", what, dict(args or {}), timeout=timeout)
+
     def incidents(self, timeout: float = 30.0) -> list[dict]:
         return self._call("incidents", timeout=timeout)
 

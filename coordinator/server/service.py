@@ -19,6 +19,7 @@ from rankscope.coordinator.server.actions import ActionPerformer
 from rankscope.coordinator.server.frontend import Frontend, Handlers, Peer
 from rankscope.coordinator.server.gc_pace import GcPacer
 from rankscope.coordinator.server.metrics import CoordinatorMetrics
+from rankscope.coordinator.server.service_console import ConsoleQueries
 from rankscope.coordinator.server.service_status import StatusReports
 from rankscope.wire import job_config, layout_facts, protocol, rerun_facts
 from rankscope.wire.layout import rank_from_wire
@@ -30,7 +31,7 @@ log = logging.getLogger(__name__)
 
 
 
-class CoordinatorService(StatusReports, Handlers):
+class CoordinatorService(StatusReports, ConsoleQueries, Handlers):
     def __init__(self, export_dir: str | Path, cluster: dict | None = None, *,
                  bind: str = "tcp://127.0.0.1:0", job: str | None = None, curve: Any = None,
                  tick_s: float = 0.05, ray_metrics: bool = False, config: dict | None = None,

@@ -8,7 +8,7 @@ import pytest
 import zmq
 
 from rankscope.coordinator.server.frontend import Frontend, Handlers
-from rankscope.coordinator.server.ingest_bench import simulated_batch
+from rankscope.coordinator.server.ingest_load import simulated_batch
 from rankscope.wire import protocol
 from rankscope.wire.columns import BLOB_ORDER, PART_FIELDS, STEP_COLS, STEP_COLUMNS
 from rankscope.wire.protocol import Decoder, encode

@@ -10,7 +10,7 @@ import numpy as np
 from logic_helpers import FakeClock
 
 from rankscope.coordinator.logic.core import CoordinatorCore
-from rankscope.coordinator.server.ingest_bench import simulated_batch
+from rankscope.coordinator.server.ingest_load import simulated_batch
 from rankscope.wire import protocol
 from rankscope.wire.columns import STEP_COLUMNS
 from rankscope.wire.step_pack import StepPack, pack_message

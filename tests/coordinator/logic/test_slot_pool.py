@@ -9,7 +9,7 @@ import numpy as np
 from rankscope.config.cluster import parse_cluster
 from rankscope.coordinator.logic.aligner import StepAligner
 from rankscope.coordinator.logic.slots import SlotPool, StepSlot
-from rankscope.coordinator.server.ingest_bench import simulated_batch
+from rankscope.coordinator.server.ingest_load import simulated_batch
 from rankscope.wire.columns import STEP_COLUMNS
 
 ARRAYS = ("reported", "token", "present", "exec", "stats", "nan", "inf", "numel", "crc")

@@ -12,7 +12,7 @@ import ray
 from repo_paths import REPO
 
 from rankscope.coordinator.server.actor import get_coordinator, start_coordinator
-from rankscope.coordinator.server.ingest_bench import simulated_batch
+from rankscope.coordinator.server.ingest_load import simulated_batch
 from rankscope.wire import protocol
 from tests.sim_agent import SimAgent, wait_for
 

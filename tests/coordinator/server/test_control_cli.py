@@ -16,7 +16,7 @@ from repo_paths import REPO
 
 from rankscope.coordinator.cli import control as control_cli
 from rankscope.coordinator.server.actor import start_coordinator
-from rankscope.coordinator.server.ingest_bench import simulated_batch
+from rankscope.coordinator.server.ingest_load import simulated_batch
 from rankscope.wire import protocol
 from tests.sim_agent import SimAgent, wait_for
 

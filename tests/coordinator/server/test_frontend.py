@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from rankscope.coordinator.server.frontend import Frontend, Handlers
-from rankscope.coordinator.server.ingest_bench import simulated_batch
+from rankscope.coordinator.server.ingest_load import simulated_batch
 from rankscope.wire import protocol
 from rankscope.wire.transport import TransportError
 from tests.sim_agent import SimAgent, wait_for

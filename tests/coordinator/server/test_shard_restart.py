@@ -12,7 +12,7 @@ import pytest
 import ray
 
 from rankscope.coordinator.server.actor import start_coordinator
-from rankscope.coordinator.server.ingest_bench import simulated_batch
+from rankscope.coordinator.server.ingest_load import simulated_batch
 from tests.sim_agent import RoutingAgent, wait_for
 
 pytestmark = pytest.mark.ray

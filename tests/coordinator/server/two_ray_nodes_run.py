@@ -25,7 +25,7 @@ import numpy as np
 import ray
 
 from rankscope.coordinator.server.actor import start_coordinator
-from rankscope.coordinator.server.ingest_bench import simulated_batch
+from rankscope.coordinator.server.ingest_load import simulated_batch
 from tests.sim_agent import RoutingAgent, wait_for
 
 NS = "rankscope-test-two-nodes"

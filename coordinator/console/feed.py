@@ -1,0 +1,95 @@
+"""One reader of the coordinator for every open page.
+
+The console asks the coordinator for a snapshot at most once per interval, whatever the
+number of pages, and only while some page wants one: pages are served the same encoded
+bytes. So twenty open pages cost the coordinator what one does, and none costs it
+anything once they are closed.
+"""
+from __future__ import annotations
+
+import json
+import threading
+import time
+from typing import Any, Callable
+
+#: Seconds between two snapshots while a page is open.
+INTERVAL_S = 1.0
+#: A page that asked within this many seconds still counts as open (an event stream
+#: renews it on every snapshot it is sent).
+IDLE_S = 10.0
+
+
+def encode(value: Any) -> bytes:
+    return json.dumps(value, default=str, allow_nan=False, separators=(",", ":")).encode()
+
+
+class Feed:
+    """``source()`` returns a snapshot (a JSON-ready dict) or raises; ``on_new(version,
+    data)`` is called on the feed's thread with each snapshot that differs from the last."""
+
+    def __init__(self, source: Callable[[], Any], on_new: Callable[[int, bytes], None] | None = None,
+                 interval_s: float = INTERVAL_S, idle_s: float = IDLE_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.source, self.on_new = source, on_new
+        self.interval_s, self.idle_s, self.clock = interval_s, idle_s, clock
+        self.version, self.data = 0, encode({"waiting": "no snapshot yet"})
+        self.reads = 0  # snapshots asked of the coordinator (the cost the pages put on it)
+        self._wanted_at = -float("inf")
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._error: str | None = None
+
+    def want(self) -> None:
+        """A page is open: keep snapshots coming (and take one now if none is fresh)."""
+        idle = self.clock() - self._wanted_at > self.idle_s
+        self._wanted_at = self.clock()
+        if idle:
+            self._wake.set()
+
+    def latest(self) -> tuple[int, bytes]:
+        with self._lock:
+            return self.version, self.data
+
+    def poll_once(self) -> bool:
+        """Read one snapshot; True when it differs from the last one."""
+        self.reads += 1
+        try:
+            data = encode(self.source())
+            self._error = None
+        except Exception as exc:  # noqa: BLE001 - shown on the page, the console stays up
+            why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            if why == self._error:
+                return False
+            self._error = why
+            data = encode({"error": f"the coordinator did not answer: {why}"})
+        with self._lock:
+            if data == self.data:
+                return False
+            self.version += 1
+            self.data = data
+            version = self.version
+        if self.on_new is not None:
+            self.on_new(version, data)
+        return True
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            if self.clock() - self._wanted_at <= self.idle_s:
+                self.poll_once()
+                self._stop.wait(self.interval_s)
+            else:
+                self._wake.wait(self.interval_s)
+                self._wake.clear()
+
+    def start(self) -> "Feed":
+        self._thread = threading.Thread(target=self._run, name="rankscope-console-feed", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)

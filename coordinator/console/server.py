@@ -1,0 +1,92 @@
+"""Serving the console from a thread of the process that holds the coordinator handle
+(``rankscope launch --console`` or ``rankscope console``), on its own event loop."""
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+from pathlib import Path
+from typing import Any
+
+from rankscope.coordinator.console import auth
+from rankscope.coordinator.console.app import ConsoleApp
+from rankscope.coordinator.console.feed import Feed
+from rankscope.coordinator.console.view import page_snapshot
+from rankscope.coordinator.server.service_console import GRID_STEPS
+
+#: Loopback unless told otherwise: the console controls the job.
+DEFAULT_HOST = "127.0.0.1"
+
+
+def console_line(url: str) -> str:
+    """The one line other tools may read the console's address from."""
+    return f"[rankscope] console: {url}"
+
+
+class ConsoleServer:
+    """``backend``: the coordinator (``console``, ``control``). ``port`` 0: any free one."""
+
+    def __init__(self, backend: Any, export_dir: Path | None, *, host: str = DEFAULT_HOST, port: int = 0,
+                 read_only: bool = False, job: str | None = None, interval_s: float | None = None) -> None:
+        self.host, self.port = host, port
+        self.token = auth.new_token()
+        kw = {} if interval_s is None else {"interval_s": interval_s}
+        self.feed = Feed(lambda: page_snapshot(backend.console("snapshot", {"steps": GRID_STEPS}), export_dir), **kw)
+        self.app = ConsoleApp(backend, self.feed, self.token, export_dir, read_only=read_only, job=job)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._runner: Any = None
+        self._started = threading.Event()
+        self._error: BaseException | None = None
+
+    @property
+    def url(self) -> str:
+        shown = socket.gethostname() if self.host in ("0.0.0.0", "::", "") else self.host
+        return f"http://{shown}:{self.port}/?token={self.token}"
+
+    def start(self, timeout_s: float = 20.0) -> str:
+        """Bind and serve; the URL (with the token). OSError naming the address if the bind fails."""
+        self._thread = threading.Thread(target=self._serve, name="rankscope-console", daemon=True)
+        self._thread.start()
+        if not self._started.wait(timeout_s):
+            raise OSError(f"the console did not start within {timeout_s:g} s")
+        if self._error is not None:
+            raise OSError(f"the console could not listen on {self.host}:{self.port}: {self._error}")
+        self.feed.on_new = lambda _v, _d: self.app.new_snapshot(self._loop)
+        self.feed.start()
+        return self.url
+
+    def _serve(self) -> None:
+        from aiohttp import web
+        loop = self._loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(loop)
+        try:
+            self._runner = web.AppRunner(self.app.build(), access_log=None, handle_signals=False, shutdown_timeout=2.0)
+            loop.run_until_complete(self._runner.setup())
+            site = web.TCPSite(self._runner, self.host, self.port)
+            loop.run_until_complete(site.start())
+            self.port = site._server.sockets[0].getsockname()[1]  # the free port picked for 0
+        except BaseException as exc:  # noqa: BLE001 - reported by start()
+            self._error = exc
+            self._started.set()
+            return
+        self._started.set()
+        loop.run_forever()
+        loop.close()
+
+    async def _close(self) -> None:
+        self.app.close_streams()
+        await self._runner.cleanup()
+
+    def stop(self) -> None:
+        """End the open event streams, close the socket, stop the thread (idempotent)."""
+        self.feed.stop()
+        loop = self._loop
+        if loop is not None and loop.is_running():
+            try:
+                asyncio.run_coroutine_threadsafe(self._close(), loop).result(15)
+            except Exception:  # noqa: BLE001 - stopping anyway
+                pass
+            loop.call_soon_threadsafe(loop.stop)
+        if self._thread is not None:
+            self._thread.join(timeout=10)

@@ -1,0 +1,108 @@
+"""What the live console asks the coordinator service: one snapshot a poll (the status with
+a row per rank, plus the grid's newest judged steps), the tensors of a kept step, one
+tensor over the kept steps, and new watchpoints. Read on the loop thread, like status."""
+from __future__ import annotations
+
+from typing import Any
+
+#: Judged steps per group the grid shows; older ones are in report.html and history.json.
+GRID_STEPS = 64
+#: Newest verdicts a snapshot lists (each detector's repeats are already held back).
+MAX_VERDICTS = 200
+#: What :meth:`ConsoleQueries.console` answers.
+QUERIES = ("snapshot", "tensors", "tensor", "watchpoints")
+
+
+class ConsoleQueries:
+    """Mixed into :class:`~.service.CoordinatorService` beside StatusReports."""
+
+    core: Any
+    frontend: Any
+    link: Any
+
+    def console(self, what: str, args: dict | None = None) -> Any:
+        """ValueError naming the field when ``what`` or its arguments are wrong."""
+        args = dict(args or {})
+        if what not in QUERIES:
+            raise ValueError(f"console: {what!r} is not one of {', '.join(QUERIES)}")
+        if what == "watchpoints":
+            rules = args.get("rules")
+            if not isinstance(rules, list):
+                raise ValueError("console watchpoints: args.rules must be a list of watchpoint rules")
+            if self.link is not None:
+                raise ValueError("console watchpoints: with ingest shards the watchpoints are the shards' "
+                                 "(set them in cluster.watchpoints before the start)")
+            from rankscope.config.watchpoints import parse_watchpoints
+            parse_watchpoints(rules, "watchpoints")  # a ValueError naming the field, before the loop thread
+            return self.frontend.call_sync(self._set_watchpoints, rules)
+        return self.frontend.call_sync(getattr(self, f"_console_{what}"), args)
+
+    def _console_snapshot(self, args: dict) -> dict:
+        steps = args.get("steps", GRID_STEPS)
+        if not isinstance(steps, int) or steps < 0:
+            raise ValueError(f"console snapshot: args.steps must be a non-negative integer, got {steps!r}")
+        st = self._status()  # type: ignore[attr-defined]
+        st["grid"] = self.core.series.tail(steps)
+        st["verdicts"] = verdict_rows(list(self.core.verdicts)[-MAX_VERDICTS:], st["incidents"])
+        st["watchpoints"] = self._watchpoint_rows()
+        st["sharded"] = self.link is not None
+        return st
+
+    def _console_tensors(self, args: dict) -> dict | None:
+        return self.core.series.recent.tensors(_group(args), _step(args))
+
+    def _console_tensor(self, args: dict) -> dict | None:
+        name, step = args.get("tensor"), _step(args)
+        if not isinstance(name, str) or not name:
+            raise ValueError("console tensor: args.tensor must name a tensor")
+        recent = self.core.series.recent
+        group = _group(args)
+        if step is None:
+            views = recent.views(group)
+            step = views[-1].step if views else 0
+        return recent.tensor_window(group, name, step, [r for r in args.get("ranks") or [] if isinstance(r, int)],
+                                    before=recent.keep_steps, after=recent.keep_steps)
+
+    def _set_watchpoints(self, rules: list[dict]) -> dict:
+        self.core.set_watchpoints(rules)
+        return {"watchpoints": self._watchpoint_rows()}
+
+    def _watchpoint_rows(self) -> list[dict]:
+        """Each rule as set, and (``blind``) what it cannot see in the job's watch."""
+        from rankscope.config.watchpoints import default_watch_blind
+        full = self.core.settings.watch == "full"
+        return [{**w.to_dict(), "blind": None if full else default_watch_blind(w)} for w in self._watchpoints()]
+
+    def _watchpoints(self) -> list:
+        for det in self.core.detectors:
+            if det.name == "watchpoint":
+                return list(det.rules)
+        return []
+
+
+def verdict_rows(verdicts: list, incidents: list[dict]) -> list[dict]:
+    """Every verdict, the ones that joined an open incident (a watchpoint hit on a paused
+    job) included, with the incident that holds it: what the page's hit list shows."""
+    held: dict[tuple, str] = {}
+    for doc in incidents:
+        iid = doc["incident_id"]
+        held.setdefault((doc.get("detector"), doc.get("first_diverging_rank"), doc.get("step"), doc.get("tensor")), iid)
+        for r in doc.get("related_verdicts") or []:
+            held.setdefault((r.get("detector"), r.get("rank"), r.get("step"), r.get("tensor")), iid)
+    return [{"detector": v.detector, "rank": v.rank, "step": v.step, "tensor": v.tensor, "group": v.group,
+             "job": v.job, "decided": v.decided, "candidates": v.candidates, "rule": v.evidence.get("rule"),
+             "incident_id": held.get((v.detector, v.rank, v.step, v.tensor))} for v in verdicts]
+
+
+def _group(args: dict) -> str:
+    group = args.get("group")
+    if not isinstance(group, str) or not group:
+        raise ValueError("console: args.group must name a group (a job's role, as the grid lists them)")
+    return group
+
+
+def _step(args: dict) -> int | None:
+    step = args.get("step")
+    if step is not None and not isinstance(step, int):
+        raise ValueError(f"console: args.step must be an integer, got {step!r}")
+    return step

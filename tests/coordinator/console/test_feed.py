@@ -1,0 +1,53 @@
+"""The console's one reader: a new version only when the snapshot changed, the
+coordinator's failure shown once, nothing read while no page is open."""
+from __future__ import annotations
+
+import json
+import time
+
+from rankscope.coordinator.console.feed import Feed
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_versions_follow_changes_and_failures_are_said_once():
+    answers = [{"step": 1}, {"step": 1}, RuntimeError("actor died\ntraceback..."), RuntimeError("actor died"),
+               {"step": 2}]
+    seen = []
+
+    def source():
+        a = answers.pop(0)
+        if isinstance(a, Exception):
+            raise a
+        return a
+
+    feed = Feed(source, on_new=lambda v, d: seen.append((v, json.loads(d))))
+    assert [feed.poll_once() for _ in range(5)] == [True, False, True, False, True]
+    assert seen == [(1, {"step": 1}), (2, {"error": "the coordinator did not answer: actor died"}), (3, {"step": 2})]
+    assert feed.latest() == (3, b'{"step":2}') and feed.reads == 5
+
+
+def test_no_page_no_reads_and_a_page_wakes_the_reader():
+    clock = Clock()
+    feed = Feed(lambda: {"t": clock.t}, interval_s=0.02, idle_s=5.0, clock=clock).start()
+    try:
+        time.sleep(0.2)
+        assert feed.reads == 0  # nobody asked
+        feed.want()
+        deadline = time.monotonic() + 5
+        while feed.reads < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert feed.reads >= 3
+        clock.t += 6.0  # the page went away longer ago than idle_s
+        time.sleep(0.1)
+        before = feed.reads
+        time.sleep(0.2)
+        assert feed.reads == before
+    finally:
+        feed.stop()
