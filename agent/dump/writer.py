@@ -80,6 +80,9 @@ class DumpWriter:
         self._tensor_bytes: dict[tuple[int, str], list[int]] = {}  # (step, label) -> [bytes, files]
         self._labels: dict[int, str] = {}  # step -> the label it was written under
         self._remover: Any = None
+        # The last step can still be written (and its old steps removed) while the probe
+        # closes the writer at exit: a removal then happens here, never lost to a closed pool.
+        self._remover_lock = threading.Lock()
         self._behind: WriteBehind | None = None
 
     # ------------------------------------------------------------------ paths
@@ -124,9 +127,10 @@ class DumpWriter:
         behind, self._behind = self._behind, None
         if behind is not None:
             behind.close()
-        if self._remover is not None:
-            self._remover.shutdown(wait=True)
-            self._remover = None
+        with self._remover_lock:
+            remover, self._remover = self._remover, None
+        if remover is not None:
+            remover.shutdown(wait=True)
 
     def _write_step(self, step: int, out: StepOutput) -> None:
         label = self._alias.get(out.rank_label, out.rank_label)
@@ -192,10 +196,16 @@ class DumpWriter:
             return self.retention.report() if self.retention is not None else {}
 
     def _remove(self, rdir: Path) -> None:
-        if self._remover is None:
-            from concurrent.futures import ThreadPoolExecutor
-            self._remover = ThreadPoolExecutor(1, thread_name_prefix="rankscope-dump-retention")
-        self._remover.submit(_remove_step_dir, rdir)
+        with self._remover_lock:
+            if self._remover is None:
+                from concurrent.futures import ThreadPoolExecutor
+                self._remover = ThreadPoolExecutor(1, thread_name_prefix="rankscope-dump-retention")
+            try:
+                self._remover.submit(_remove_step_dir, rdir)
+                return
+            except RuntimeError:  # the interpreter is shutting down: no new threads
+                pass
+        _remove_step_dir(rdir)
 
     # ------------------------------------------------------------------ tensors
     def write_tensor(self, step: int, rank_label: str, data_name: str, array: Any) -> str:

@@ -76,6 +76,34 @@ def test_the_writer_removes_what_the_retention_lets_go(tmp_path):
     assert report["files"] == 4 * 4 and report["bytes"] > 0  # dump.json, stack.json, construct.json, one tensor
 
 
+def test_a_step_written_while_the_writer_closes_is_written_whole(tmp_path):
+    """At exit the probe closes the writer while the training thread may still write the
+    last step, whose old steps are then let go: they are removed here, and the step is
+    on disk, not lost to a closed removal pool."""
+    import threading
+    w = DumpWriter(tmp_path / "dump")
+    w.retention = DumpRetention(RetentionPolicy(keep_steps=2, max_mb=None, max_files=None))
+
+    def step(s: int) -> None:
+        w.write_tensor(s, "rank0", "t.npy", np.ones(4, np.float32))
+        w.emit(StepOutput(batch=StepBatch.empty("j", 0, s), rank_label="rank0",
+                          entries={"Cell.a.forward.0": {"input_args": []}}))
+
+    for s in range(4):
+        step(s)
+    closing = [threading.Thread(target=w.close) for _ in range(3)]
+    for t in closing:
+        t.start()
+    for s in range(4, 40):
+        step(s)
+    for t in closing:
+        t.join(10)
+    w.close()
+    assert w.errors == 0
+    assert sorted(p.name for p in (tmp_path / "dump").iterdir()) == ["step38", "step39"]
+    assert (tmp_path / "dump" / "step39" / "rank0" / "dump.json").is_file()
+
+
 def test_the_retention_settings_are_checked_where_they_are_read():
     c = parse_cluster({"dump_keep_steps": 10, "dump_max_mb": None, "dump_max_files": 500})
     assert (c.dump_keep_steps, c.dump_max_mb, c.dump_max_files) == (10, None, 500)
