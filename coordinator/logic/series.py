@@ -38,6 +38,7 @@ class SeriesRecorder:
         self.max_steps = max_steps
         self._groups: dict[str, collections.deque] = {}
         self._ranks: dict[str, list[int]] = {}
+        self._shown: dict[str, dict[int, tuple]] = {}  # tail()'s rows as JSON, by row
         self.recent = RecentSteps()
 
     def add(self, view: StepView) -> None:
@@ -95,8 +96,20 @@ class SeriesRecorder:
         for label, q in self._groups.items():
             rows = list(q)[-steps:] if steps > 0 else []
             width = len(self._ranks[label])
-            out[label] = {"ranks": self._ranks[label], "steps": [s for s, *_ in rows],
-                          "deviation": [_deviations(x, width) for *_, x in rows]}
+            # A judged step's row never changes: converted once, however often it is shown
+            # (a console asks every second, on the thread that ingests).
+            cache = self._shown.setdefault(label, {})
+            if len(cache) > 2 * max(steps, 1):
+                keep = {id(r) for r in rows}
+                for key in [k for k in cache if k not in keep]:
+                    del cache[key]
+            devs = []
+            for row in rows:
+                got = cache.get(id(row))
+                if got is None or got[0] is not row or len(got[1]) != width:
+                    got = cache[id(row)] = (row, _deviations(row[3], width))
+                devs.append(got[1])
+            out[label] = {"ranks": self._ranks[label], "steps": [s for s, *_ in rows], "deviation": devs}
         return out
 
     def to_dict(self, group: str | None = None) -> dict[str, Any]:
