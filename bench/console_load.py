@@ -49,8 +49,10 @@ class Pages:
                 break
             if line.startswith(b"data: "):
                 self.events += 1
+                if time.monotonic() < next_tree:
+                    continue  # a browser on another machine parses it there, not on this host
                 group = next(iter(json.loads(line[6:]).get("grid") or {}), None)
-                if group and time.monotonic() >= next_tree:
+                if group:
                     side.request("GET", f"/api/tensors?group={group}&token={self.server.token}")
                     side.getresponse().read()
                     self.trees += 1

@@ -35,6 +35,13 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+def _alive(coord) -> bool:
+    try:
+        return coord.alive(timeout=10)
+    except Exception:  # noqa: BLE001 - the job's Ray went away with it
+        return False
+
+
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     if not 0 <= args.port <= 65535:
@@ -52,7 +59,7 @@ def main(argv: list[str]) -> int:
     print(console_line(server.start()), flush=True)
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt))
     try:
-        while coord.alive(timeout=10):
+        while _alive(coord):
             time.sleep(ALIVE_EVERY_S)
         print("[rankscope] the job's coordinator is gone; the console stops", file=sys.stderr)
         return 0

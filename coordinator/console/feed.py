@@ -17,6 +17,9 @@ INTERVAL_S = 1.0
 #: A page that asked within this many seconds still counts as open (an event stream
 #: renews it on every snapshot it is sent).
 IDLE_S = 10.0
+#: At most this share of the coordinator's time goes to snapshots: a snapshot that took
+#: 60 ms (a large job, a busy coordinator) is read again after 1.2 s, not 1 s.
+MAX_SHARE = 0.05
 
 
 def encode(value: Any) -> bytes:
@@ -34,6 +37,7 @@ class Feed:
         self.interval_s, self.idle_s, self.clock = interval_s, idle_s, clock
         self.version, self.data = 0, encode({"waiting": "no snapshot yet"})
         self.reads = 0  # snapshots asked of the coordinator (the cost the pages put on it)
+        self.last_read_s = 0.0  # how long the last one took, answer included
         self._wanted_at = -float("inf")
         self._lock = threading.Lock()
         self._wake = threading.Event()
@@ -55,8 +59,10 @@ class Feed:
     def poll_once(self) -> bool:
         """Read one snapshot; True when it differs from the last one."""
         self.reads += 1
+        t0 = time.perf_counter()
         try:
             data = encode(self.source())
+            self.last_read_s = time.perf_counter() - t0
             self._error = None
         except Exception as exc:  # noqa: BLE001 - shown on the page, the console stays up
             why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
@@ -74,11 +80,15 @@ class Feed:
             self.on_new(version, data)
         return True
 
+    def wait_s(self) -> float:
+        """Seconds until the next read: the interval, longer when reads are slow."""
+        return max(self.interval_s, self.last_read_s / MAX_SHARE)
+
     def _run(self) -> None:
         while not self._stop.is_set():
             if self.clock() - self._wanted_at <= self.idle_s:
                 self.poll_once()
-                self._stop.wait(self.interval_s)
+                self._stop.wait(self.wait_s())
             else:
                 self._wake.wait(self.interval_s)
                 self._wake.clear()

@@ -80,6 +80,9 @@ def test_console_drives_a_real_job(tmp_path):
         m = _wait("the console line", lambda: URL_LINE.search(log.read_text(errors="replace")), proc, log, 120)
         url, port, token = m.group(1), m.group(2), m.group(3)
         job = re.search(r"\(job (job-[\w-]+)", log.read_text()).group(1)
+        # The same job's console from another terminal, found as `rankscope status` finds it.
+        other = subprocess.Popen([str(BIN / "rankscope"), "console", "--job", job, "--read-only"],
+                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         # Without the token: refused, and nothing about the job in the answer.
         for path in ("/", "/api/snapshot", "/api/events"):
             with pytest.raises(urllib.error.HTTPError) as err:
@@ -162,11 +165,34 @@ def test_console_drives_a_real_job(tmp_path):
             assert alike and all(t == "3 / 1" for t in alike), alike
             assert page.locator("#diff-table td.split").count() == len(alike), body.inner_html()[:3000]
 
+            # The other terminal's console: its own token, read-only, the same job.
+            line = other.stdout.readline()
+            m2 = re.match(r"^\[rankscope\] console: (http://127\.0\.0\.1:\d+)/\?token=(\S+)$", line.strip())
+            assert m2, line + other.stdout.read() if other.poll() is not None else line
+            assert m2.group(2) != token
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                snap = json.load(urllib.request.urlopen(f"{m2.group(1)}/api/snapshot?token={m2.group(2)}", timeout=10))
+                if snap.get("job") == job:
+                    break
+                time.sleep(0.5)
+            assert snap.get("job") == job and snap["verdicts"], snap
+            req = urllib.request.Request(f"{m2.group(1)}/api/control/pause?token={m2.group(2)}", data=b"{}",
+                                         headers={"X-Rankscope-Token": m2.group(2)}, method="POST")
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                urllib.request.urlopen(req, timeout=10)
+            assert refused.value.code == 403 and b"read-only" in refused.value.read()
+
             page.get_by_role("button", name="Terminate").click()
             assert proc.wait(240) is not None
         text = log.read_text(errors="replace")
         assert "terminate" in text.lower(), text[-3000:]
+        # The job's coordinator is gone: the other console says so and ends.
+        assert other.wait(60) == 0
     finally:
         if proc.poll() is None:
             proc.send_signal(signal.SIGINT)
             proc.wait(60)
+        if "other" in locals() and other.poll() is None:
+            other.kill()
+            other.wait(10)

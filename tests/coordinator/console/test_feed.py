@@ -51,3 +51,14 @@ def test_no_page_no_reads_and_a_page_wakes_the_reader():
         assert feed.reads == before
     finally:
         feed.stop()
+
+
+def test_slow_snapshots_are_read_less_often():
+    def slow():
+        time.sleep(0.03)
+        return {"x": 1}
+
+    feed = Feed(slow, interval_s=0.5)
+    assert feed.wait_s() == 0.5
+    feed.poll_once()
+    assert feed.last_read_s >= 0.03 and feed.wait_s() >= 0.03 / 0.05  # at most 5% of the coordinator's time
