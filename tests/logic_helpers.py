@@ -57,3 +57,19 @@ def with_moment(sim, prefix: str = "Sentinel.param.layer1.") -> int:
     sim.names[m] = "Sentinel.opt_state.moment1." + sim.names[m].split(".", 2)[2]
     sim.kinds[m] = Kind.OPT_STATE
     return m
+
+
+def run_synthetic(steps: int, fault=None, ranks: int = 4):
+    """(core, SyntheticTraining, verdicts) after ``steps`` synthetic steps of a ``ranks``-rank
+    job judged by a real core; ``fault(step, batches, sim)`` edits a step's batches."""
+    from rankscope.coordinator.logic.synthetic import SyntheticTraining
+    clock = FakeClock()
+    core = CoordinatorCore({"on_divergence": "continue"}, clock=clock)
+    sim = SyntheticTraining(ranks=ranks, tensors=16, seed=4)
+    found = []
+    for step in range(steps):
+        batches = sim.batches(step)
+        if fault:
+            fault(step, batches, sim)
+        found += feed_step(core, clock, batches)
+    return core, sim, found

@@ -5,26 +5,11 @@ from __future__ import annotations
 
 import json
 
-from logic_helpers import FakeClock, feed_step
+from logic_helpers import feed_step, run_synthetic
 
 from rankscope.config.watchpoints import blind_watchpoints, default_watch_blind, parse_watchpoints
-from rankscope.coordinator.logic.core import CoordinatorCore
 from rankscope.coordinator.logic.recent import NONFINITE_DEVIATION
-from rankscope.coordinator.logic.synthetic import SyntheticTraining
 from rankscope.coordinator.server.service_console import verdict_rows
-
-
-def _run(steps: int, fault=None):
-    clock = FakeClock()
-    core = CoordinatorCore({"on_divergence": "continue"}, clock=clock)
-    sim = SyntheticTraining(ranks=4, tensors=16, seed=4)
-    found = []
-    for step in range(steps):
-        batches = sim.batches(step)
-        if fault:
-            fault(step, batches, sim)
-        found += feed_step(core, clock, batches)
-    return core, sim, found
 
 
 def _nan_on_rank2_at_step7(step, batches, sim):
@@ -33,7 +18,7 @@ def _nan_on_rank2_at_step7(step, batches, sim):
 
 
 def test_grid_tail_is_the_newest_steps_with_nonfinite_and_missing_told_apart():
-    core, sim, _ = _run(12, _nan_on_rank2_at_step7)
+    core, sim, _ = run_synthetic(12, _nan_on_rank2_at_step7)
     [(group, g)] = core.series.tail(5).items()
     assert g["ranks"] == [0, 1, 2, 3] and g["steps"] == [7, 8, 9, 10, 11]
     assert g["deviation"][0][2] == NONFINITE_DEVIATION
@@ -43,7 +28,7 @@ def test_grid_tail_is_the_newest_steps_with_nonfinite_and_missing_told_apart():
 
 
 def test_tensors_of_a_kept_step_name_the_rank_furthest_off():
-    core, sim, found = _run(14, _nan_on_rank2_at_step7)
+    core, sim, found = run_synthetic(14, _nan_on_rank2_at_step7)
     group = found[0].group
     t = core.series.recent.tensors(group, 7)
     assert t["step"] == 7 and 7 in t["steps"] and len(t["tensors"]) == 16
@@ -58,7 +43,7 @@ def test_tensors_of_a_kept_step_name_the_rank_furthest_off():
 
 
 def test_every_verdict_is_listed_with_the_incident_that_holds_it():
-    core, sim, found = _run(10, _nan_on_rank2_at_step7)
+    core, sim, found = run_synthetic(10, _nan_on_rank2_at_step7)
     core.set_watchpoints([{"condition": "TL", "max_gt": -1e30}])
     for step in range(10, 12):
         found += feed_step(core, core.clock, sim.batches(step))

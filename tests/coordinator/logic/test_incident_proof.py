@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
-from logic_helpers import FakeClock, StepJudge, feed_step, view_of
+from logic_helpers import FakeClock, StepJudge, feed_step, run_synthetic, view_of
 
 from rankscope.config.cluster import OnDivergence
 from rankscope.coordinator.logic.core import CoordinatorCore
@@ -18,19 +18,6 @@ from rankscope.coordinator.logic.synthetic import SyntheticTraining
 from rankscope.coordinator.logic.verdict import Verdict
 
 
-def _run(steps: int, fault=None, ranks: int = 4) -> tuple[CoordinatorCore, SyntheticTraining, list[Verdict]]:
-    clock = FakeClock()
-    core = CoordinatorCore({"on_divergence": "continue"}, clock=clock)
-    sim = SyntheticTraining(ranks=ranks, tensors=16, seed=4)
-    found = []
-    for step in range(steps):
-        batches = sim.batches(step)
-        if fault:
-            fault(step, batches, sim)
-        found += feed_step(core, clock, batches)
-    return core, sim, found
-
-
 def _nan_on_rank2_from_step5(step, batches, sim):
     if step >= 5:
         batches[2].nan_count[sim.column("Sentinel.grad_local.layer1.")] = 3
@@ -40,7 +27,7 @@ def _nan_on_rank2_from_step5(step, batches, sim):
 
 
 def test_tensor_window_holds_every_rank_over_the_steps_around_the_verdict() -> None:
-    core, sim, found = _run(10, _nan_on_rank2_from_step5)
+    core, sim, found = run_synthetic(10, _nan_on_rank2_from_step5)
     [v] = [v for v in found if v.detector == "nan_origin"]
     assert (v.rank, v.step) == (2, 5)
     w = core.series.recent.tensor_window(v.group, v.tensor, v.step, [v.rank])
@@ -57,7 +44,7 @@ def test_tensor_window_holds_every_rank_over_the_steps_around_the_verdict() -> N
 
 
 def test_nonfinite_chain_lists_the_origin_then_where_it_spread() -> None:
-    core, sim, found = _run(8, _nan_on_rank2_from_step5)
+    core, sim, found = run_synthetic(8, _nan_on_rank2_from_step5)
     [v] = [v for v in found if v.detector == "nan_origin"]
     chain = core.series.recent.nonfinite_chain(v.group, v.step)
     first, *rest = chain["records"]
@@ -69,7 +56,7 @@ def test_nonfinite_chain_lists_the_origin_then_where_it_spread() -> None:
     assert steps == sorted(steps)
 
 
-def test_recent_steps_are_bounded_in_steps_and_cells_and_reset_on_a_new_run() -> None:
+def test_recent_steps_are_bounded_in_steps_and_cells_and_reset_on_a_newrun_synthetic() -> None:
     sim = SyntheticTraining(ranks=4, tensors=16, seed=5)
     judge = StepJudge()
     views = [judge.view(sim.batches(s)) for s in range(12)]
@@ -92,7 +79,7 @@ def test_series_tells_missing_from_nonfinite() -> None:
             batches[1].stats[sim.column("Sentinel.loss"), 2] = np.nan
             batches[1].nan_count[sim.column("Sentinel.loss")] = 1
 
-    core, sim, _ = _run(5, fault)
+    core, sim, _ = run_synthetic(5, fault)
     [series] = core.series.to_dict().values()
     assert series["loss"][3][1] == "nan" and isinstance(series["loss"][2][1], float)
     assert series["deviation"][3][1] == 1e9
@@ -124,7 +111,7 @@ def test_outlier_evidence_scores_every_rank_on_the_rules_scale() -> None:
         if step == 30:
             batches[1].stats[sim.column("Sentinel.grad_local.layer0."), 3] *= 60
 
-    _, _, found = _run(31, fault, ranks=8)
+    _, _, found = run_synthetic(31, fault, ranks=8)
     [v] = [v for v in found if v.detector == "outlier"]
     z = v.evidence["robust_z_by_rank"]
     assert v.rank == 1 and set(z) == set(v.evidence["group_values"]["by_rank"])
