@@ -7,11 +7,13 @@ its own process; plain, default and full alternate in every round so machine noi
 them alike; the figure is the ratio of the medians of the script's own step times, after
 32 steps left out in every mode (compiling; the default tier settling its plan).
 
-    .venv/bin/python bench/watch_cost.py [--widths 256,1024,2048,4096] [--rounds 3] [--steps 12] [--deep]
+    .venv/bin/python bench/watch_cost.py [--widths 256,1024,2048,4096] [--rounds 3] [--steps 40] [--deep]
 
 Prints one line per width and mode and a final JSON line, with each tier's measured share
 of a step, K (weights fingerprinted every K steps) and the bytes copied to the host a
-step, as the rank itself reported them in its watch line.
+step, as the rank itself reported them in its watch line. Beside the ratio of the pooled
+medians: each round's own ratio (the spread shows what the machine's noise does to the
+figure) and the ratio of the median CPU time a step (the process's, all its threads).
 """
 from __future__ import annotations
 
@@ -61,9 +63,9 @@ y = ms.Tensor(rs.randint(0, 10, 64).astype(np.int32))
 NAN_AT = int(sys.argv[3]) if len(sys.argv) > 3 else -1
 bad = x.asnumpy().copy()
 bad[0, 0] = np.nan
-times = []
+times, cpu = [], []
 for i in range(STEPS + WARM):
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     loss, grads = grad_fn(ms.Tensor(bad) if i == NAN_AT else x, y)
     opt(grads)
     loss.asnumpy()
@@ -72,13 +74,15 @@ for i in range(STEPS + WARM):
         break  # the weights are NaN from here on
     if i >= WARM:
         times.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)
 print("STEP_TIMES " + json.dumps(times), flush=True)
+print("STEP_CPU " + json.dumps(cpu), flush=True)
 '''
 
 COST = re.compile(r"watch cost: ([^\n]*)")
 
 
-def run(mode: str, width: int, steps: int, work: Path, nan_at: int = -1) -> tuple[list[float], str]:
+def run(mode: str, width: int, steps: int, work: Path, nan_at: int = -1) -> tuple[list[float], str, list[float]]:
     env = dict(os.environ)
     for k in [k for k in env if k.startswith("RANKSCOPE_")]:
         env.pop(k)
@@ -97,17 +101,20 @@ def run(mode: str, width: int, steps: int, work: Path, nan_at: int = -1) -> tupl
         raise SystemExit(f"{mode} at W={width} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
     said = COST.findall(proc.stderr)
     times = json.loads(line.split(" ", 1)[1])
+    cpu_line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("STEP_CPU ")), None)
+    cpu = json.loads(cpu_line.split(" ", 1)[1]) if cpu_line else []
     odd = next((ln for ln in proc.stdout.splitlines() if ln.startswith("ANOMALOUS_STEP ")), None)
     if odd is not None:  # the anomalous step last, after the healthy ones
         times.append(float(odd.split()[1]))
-    return times, said[-1] if said else ""
+    return times, said[-1] if said else "", cpu
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--widths", default="256,1024,2048,4096")
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--steps", type=int, default=40,
+                    help="steps timed per run, after the 32 left out (default: %(default)s)")
     ap.add_argument("--modes", default="plain,default,full")
     ap.add_argument("--deep", action="store_true",
                     help="also time the default tier's deep capture: a NaN batch after the Cell hooks' plan is "
@@ -121,23 +128,37 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for width in (int(w) for w in args.widths.split(",")):
             times: dict[str, list[float]] = {m: [] for m in modes}
+            cpu: dict[str, list[float]] = {m: [] for m in modes}
+            rounds: dict[str, list[float]] = {m: [] for m in modes}  # each round's median step
             said: dict[str, str] = {}
             for r in range(args.rounds):
                 for m in modes[r % len(modes):] + modes[:r % len(modes)]:
-                    got, line = run(m, width, args.steps, work)
+                    got, line, used = run(m, width, args.steps, work)
                     times[m] += got
+                    cpu[m] += used
+                    rounds[m].append(statistics.median(got))
                     said[m] = line or said.get(m, "")
             base = statistics.median(times["plain"])
+            base_cpu = statistics.median(cpu["plain"]) if cpu["plain"] else None
             row = {"parameters": 3 * width * width + 3 * width + 10 * width + 10, "plain_ms": round(base * 1e3, 2)}
             for m in modes:
                 med = statistics.median(times[m])
                 row[f"{m}_ms"] = round(med * 1e3, 2)
                 row[f"{m}_ratio"] = round(med / base, 3)
+                # The spread a round to the next (this machine's neighbours come and go), and
+                # the ratio of CPU time a step, which another tenant's load moves far less.
+                per_round = [a / b for a, b in zip(rounds[m], rounds["plain"])]
+                row[f"{m}_round_ratios"] = [round(x, 3) for x in per_round]
+                cpu_ratio = statistics.median(cpu[m]) / base_cpu if base_cpu and cpu[m] else None
+                row[f"{m}_cpu_ratio"] = None if cpu_ratio is None else round(cpu_ratio, 3)
                 if m != "plain":
                     row[f"{m}_said"] = said.get(m, "")
-                print(f"W={width:5d} {m:8s} {med * 1e3:9.2f} ms {med / base:5.2f}x  {said.get(m, '')}", flush=True)
+                spread = f"rounds {min(per_round):.2f}-{max(per_round):.2f}x" if per_round else ""
+                cpu_text = f"cpu {cpu_ratio:.2f}x" if cpu_ratio is not None else ""
+                print(f"W={width:5d} {m:8s} {med * 1e3:9.2f} ms {med / base:5.2f}x  {spread}  {cpu_text}  "
+                      f"{said.get(m, '')}", flush=True)
             if args.deep:
-                got, line = run("default", width, 12, work, nan_at=40)
+                got, line, _ = run("default", width, 12, work, nan_at=40)
                 row["deep_step_ms"] = round(got[-1] * 1e3, 2)
                 row["deep_vs_default_median"] = round(got[-1] / statistics.median(got[:-1]), 2)
                 row["deep_said"] = line

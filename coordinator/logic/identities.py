@@ -9,7 +9,10 @@ The agent answers its rank with the id decided here, so every step already carri
 
 - a process registering again (agent reconnect, coordinator restart) gets its id back;
 - a finished process keeps its id for the job (its dump folder is named by it);
-- a lost process's id may be taken by its restart (same id proposed, new pid).
+- a lost process's id may be taken by its restart (same id proposed, new pid, same host:
+  the agent that lost it restarts it there). A process of another host proposing that id
+  gets a fresh one: a worker that ended before another host's first worker registered
+  is reported lost by its agent, and two live ids must never be one.
 
 Pure logic: no sockets, no clock.
 """
@@ -38,7 +41,8 @@ class JobIdentities:
         proc = (host, int(pid))
         if proc in j.ids:
             return j.ids[proc]
-        if proposed is not None and proposed >= 0 and (proposed not in j.holder or proposed in j.lost):
+        if proposed is not None and proposed >= 0 and (
+                proposed not in j.holder or (proposed in j.lost and j.holder[proposed][0] == host)):
             rank = proposed
         else:
             rank = 0

@@ -31,6 +31,19 @@ def test_a_lost_rank_id_goes_to_its_restart_but_a_finished_one_is_never_reused()
     assert ids.assign("j", "node1", 2, 1) == 3  # the dead process is no longer its holder
 
 
+def test_a_lost_id_is_never_taken_by_another_hosts_process():
+    """Four DP workers all proposing 0, two a host: host 0's first one ends (its agent
+    reports it lost) before host 1's first one registers. Each still gets its own id."""
+    ids = JobIdentities()
+    assert ids.assign("j", "node0", 10, 0) == 0
+    assert ids.assign("j", "node0", 11, 1) == 1
+    ids.lose("j", 0)
+    assert ids.assign("j", "node1", 10, 0) == 2
+    assert ids.assign("j", "node1", 11, 1) == 3
+    assert ids.holder("j", 0) == ("node0", 10)
+    assert ids.assign("j", "node0", 12, 0) == 0  # its own host's restart still takes it over
+
+
 def test_rank_maps_of_several_agents_merge_into_one_job_wide_map():
     a = [{"host": "node0", "pid": 1, "assigned_rank": 1}, {"host": "node0", "pid": 2, "assigned_rank": 0}]
     b = [{"host": "node1", "pid": 1, "assigned_rank": 2}]
