@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from rankscope.coordinator.cli.control import add_reach_options, reach
+from rankscope.coordinator.cli.control import add_reach_options, reach_or_say
 from rankscope.coordinator.console.server import DEFAULT_HOST, ConsoleServer, console_line
 
 #: Seconds between two checks that the coordinator is still there.
@@ -47,12 +47,8 @@ def main(argv: list[str]) -> int:
     if not 0 <= args.port <= 65535:
         print(f"rankscope console: --port {args.port} is not a port (0-65535)", file=sys.stderr)
         return 2
-    from rankscope.coordinator.server.client import CoordinatorError
-    from rankscope.coordinator.server.job_index import NoSuchJob
-    try:
-        coord = reach(args)
-    except (CoordinatorError, NoSuchJob) as exc:
-        print(f"rankscope console: {exc}", file=sys.stderr)
+    coord = reach_or_say("console", args)
+    if coord is None:
         return 1
     server = ConsoleServer(coord, Path(args.export_dir) if args.export_dir else None, host=args.console_host,
                            port=args.port, read_only=args.read_only, job=args.job)

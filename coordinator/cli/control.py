@@ -101,11 +101,8 @@ def main(argv: list[str]) -> int:
         print(f"rankscope step: N must be >= 1, got {args.n}", file=sys.stderr)
         return 2
     from rankscope.coordinator.server.client import CoordinatorError
-    from rankscope.coordinator.server.job_index import NoSuchJob
-    try:
-        coord = reach(args)
-    except (CoordinatorError, NoSuchJob) as exc:
-        print(f"rankscope {verb}: {exc}", file=sys.stderr)
+    coord = reach_or_say(verb, args)
+    if coord is None:
         return 1
     try:
         if verb == "status":
@@ -155,6 +152,17 @@ def reach(args: argparse.Namespace) -> Any:
             args.export_dir = rec.export_dir
     connect_ray(args.address, args.namespace, verbose=args.verbose)
     return Coordinator.find(args.name, args.namespace, job=args.job)
+
+
+def reach_or_say(verb: str, args: argparse.Namespace) -> Any:
+    """:func:`reach`, or None once stderr says why the job's coordinator was not found."""
+    from rankscope.coordinator.server.client import CoordinatorError
+    from rankscope.coordinator.server.job_index import NoSuchJob
+    try:
+        return reach(args)
+    except (CoordinatorError, NoSuchJob) as exc:
+        print(f"rankscope {verb}: {exc}", file=sys.stderr)
+        return None
 
 
 def _ray_connected() -> bool:
