@@ -253,14 +253,15 @@
     if (!w) { $("tensor-caption").textContent = `${sel.tensor}: not in the kept steps`; body.replaceChildren(); return; }
     $("tensor-caption").textContent = `${w.tensor} (${w.kind ?? "?"}) on ${w.ranks.length} of ${w.ranks_in_group} ranks`;
     const fi = (f) => w.fields.indexOf(f);
-    const STATS = ["Max", "Min", "Mean", "Norm"].filter((f) => fi(f) >= 0);  // wire.records.STAT_COLUMNS
     const recs = w.values.flat().filter((r) => r !== null);
-    // The default watch keeps a weight's fingerprint, not its statistics: show what is there.
-    const hasStats = recs.some((r) => STATS.some((f) => isFinite(num(r[fi(f)]))));
+    // Only the statistics this tensor has: the default watch keeps a gradient's norm and a
+    // weight's fingerprint, not their Max/Min/Mean (wire.records.STAT_COLUMNS).
+    const STATS = ["Max", "Min", "Mean", "Norm"].filter((f) => fi(f) >= 0 && recs.some((r) => r[fi(f)] !== null && r[fi(f)] !== "nan"));
+    const hasStats = STATS.length > 0;
     const hasPrint = fi("crc32") >= 0 && recs.some((r) => r[fi("crc32")] !== null);
     if (hasPrint) STATS.push("crc32");
     const chosen = $("tensor-stat") && STATS.includes($("tensor-stat").value) ? $("tensor-stat").value : null;
-    const stat = chosen || (hasStats || !hasPrint ? "Norm" : "crc32");
+    const stat = chosen || (hasStats ? (STATS.includes("Norm") ? "Norm" : STATS[0]) : hasPrint ? "crc32" : "Norm");
     const head = el("tr", {}, el("th", {}, "rank"), ...w.steps.map((s) => el("th", {}, `step ${s}`)));
     const cell = (rec) => rec === null ? "–" : stat === "crc32" ? (rec[fi(stat)] ?? "–") : fmt(rec[fi(stat)]);
     const rows = w.ranks.map((r, i) => el("tr", {"data-rank": r}, el("th", {}, r), ...w.values[i].map((rec) => el("td", {}, cell(rec)))));
