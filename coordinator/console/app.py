@@ -27,8 +27,12 @@ log = logging.getLogger(__name__)
 STATIC = Path(__file__).parent / "static"
 #: The control buttons' verbs; ``collect`` stays a CLI command (it moves dump files).
 VERBS = ("pause", "resume", "step", "terminate", "export")
-#: Seconds between two keep-alive comments on an idle event stream.
-KEEPALIVE_S = 15.0
+#: Seconds between two keep-alive comments on an idle event stream; under the feed's
+#: IDLE_S, so an open page keeps the snapshots coming while nothing changes.
+KEEPALIVE_S = 5.0
+#: Files of the export folder run in a sandbox: a report (or anything else put there) must
+#: not act as this console's page, which holds the token.
+_FILE_HEADERS = {"Content-Security-Policy": "sandbox", "X-Content-Type-Options": "nosniff"}
 _ASSETS = {"console.js": "application/javascript", "console.css": "text/css"}
 
 
@@ -42,9 +46,14 @@ class Hub:
         old, self._event = self._event, asyncio.Event()
         old.set()
 
-    async def wait(self, timeout: float) -> None:
+    def current(self) -> asyncio.Event:
+        """Taken before reading the latest snapshot: a publish in between still wakes."""
+        return self._event
+
+    @staticmethod
+    async def wait(event: asyncio.Event, timeout: float) -> None:
         try:
-            await asyncio.wait_for(self._event.wait(), timeout)
+            await asyncio.wait_for(event.wait(), timeout)
         except asyncio.TimeoutError:
             pass
 
@@ -58,6 +67,7 @@ class ConsoleApp:
         self.hub: Hub | None = None
         self.streams = 0
         self.closing = False
+        self.cookie = auth.cookie_name(token)
 
     # --- wiring -------------------------------------------------------------------------
     def build(self) -> web.Application:
@@ -84,14 +94,18 @@ class ConsoleApp:
             self.hub.publish()
 
     def new_snapshot(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Called from the feed's thread: wake the streams on the app's loop."""
-        if self.hub is not None:
-            loop.call_soon_threadsafe(self.hub.publish)
+        """Called from the feed's thread: wake the streams on the app's loop (gone once the
+        console stopped; a read that outlived the stop has nobody to tell)."""
+        if self.hub is not None and not loop.is_closed():
+            try:
+                loop.call_soon_threadsafe(self.hub.publish)
+            except RuntimeError:
+                pass
 
     @web.middleware
     async def _guard(self, request: web.Request, handler: Any) -> web.StreamResponse:
         query = request.query.get("token")
-        if not auth.may_read(self.token, query, request.cookies.get(auth.COOKIE), request.headers.get(auth.HEADER)):
+        if not auth.may_read(self.token, query, request.cookies.get(self.cookie), request.headers.get(auth.HEADER)):
             return _error(401, "this console needs its token: open the URL that `rankscope launch --console` "
                                "or `rankscope console` printed")
         if request.method == "POST":
@@ -111,7 +125,7 @@ class ConsoleApp:
             log.debug("console request %s failed", request.path, exc_info=True)
             return _error(502, f"the coordinator did not answer: {exc}")
         if query:
-            resp.set_cookie(auth.COOKIE, self.token, httponly=True, samesite="Strict", path="/")
+            resp.set_cookie(self.cookie, self.token, httponly=True, samesite="Strict", path="/")
         return resp
 
     # --- pages and data -----------------------------------------------------------------
@@ -140,16 +154,19 @@ class ConsoleApp:
         try:
             while not self.closing:
                 self.feed.want()
+                assert self.hub is not None
+                woken = self.hub.current()
                 version, data = self.feed.latest()
                 if version != last:
                     await resp.write(b"data: " + data + b"\n\n")
                     last = version
                 else:
                     await resp.write(b": idle\n\n")
-                assert self.hub is not None
-                await self.hub.wait(KEEPALIVE_S)
+                await self.hub.wait(woken, KEEPALIVE_S)
         except (ConnectionResetError, asyncio.CancelledError):
             pass
+        except Exception:  # noqa: BLE001 - the response has begun: end it, never answer twice
+            log.debug("console event stream ended", exc_info=True)
         finally:
             self.streams -= 1
         return resp
@@ -198,7 +215,7 @@ class ConsoleApp:
         path = (self.export_dir / rel).resolve()
         if self.export_dir not in path.parents or not path.is_file():
             return _error(404, f"no file {rel!r} in the export folder")
-        return web.FileResponse(path)
+        return web.FileResponse(path, headers=_FILE_HEADERS)
 
     async def _call(self, fn: Any, *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(None, fn, *args)

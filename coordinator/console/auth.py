@@ -1,7 +1,7 @@
 """Who may see the console: the holder of its token.
 
 The token is random per console and travels once in the URL printed at the start
-(``?token=``); the page then holds it in a cookie scoped to the console (HttpOnly,
+(``?token=``); the page then holds it in a cookie named for this console (HttpOnly,
 SameSite=Strict). A control action (a POST) must also carry it in a header: a page of
 another site can make a browser send the cookie, never a custom header without a CORS
 preflight that the console never grants. A POST with an Origin naming another host:port
@@ -9,12 +9,18 @@ is refused too.
 """
 from __future__ import annotations
 
+import hashlib
 import hmac
 import secrets
 from urllib.parse import urlsplit
 
-COOKIE = "rankscope_console"
 HEADER = "X-Rankscope-Token"
+
+
+def cookie_name(token: str) -> str:
+    """The console's cookie, named after its token: browsers keep cookies by host, not by
+    port, so two consoles on one machine must not overwrite each other's."""
+    return "rankscope_console_" + hashlib.sha256(token.encode()).hexdigest()[:12]
 
 
 def new_token() -> str:

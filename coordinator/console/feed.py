@@ -77,7 +77,10 @@ class Feed:
             self.data = data
             version = self.version
         if self.on_new is not None:
-            self.on_new(version, data)
+            try:
+                self.on_new(version, data)
+            except Exception:  # noqa: BLE001 - the pages read latest() anyway
+                pass
         return True
 
     def wait_s(self) -> float:

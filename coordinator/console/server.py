@@ -68,10 +68,16 @@ class ConsoleServer:
             self.port = site._server.sockets[0].getsockname()[1]  # the free port picked for 0
         except BaseException as exc:  # noqa: BLE001 - reported by start()
             self._error = exc
+            if self._runner is not None:
+                loop.run_until_complete(self._runner.cleanup())
+            loop.close()
             self._started.set()
             return
         self._started.set()
         loop.run_forever()
+        # A coordinator call still running in the default executor is not waited for
+        # past its own timeout.
+        loop.run_until_complete(loop.shutdown_default_executor())
         loop.close()
 
     async def _close(self) -> None:

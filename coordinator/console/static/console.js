@@ -355,7 +355,7 @@
   }
   const current = () => (snap && snap.watchpoints || []).map((w) => { const r = {...w}; delete r.id; delete r.blind; return r; });
   async function setRules(rules, said) {
-    try { const a = await api("/api/watchpoints", {rules}); snap.watchpoints = a.watchpoints; renderWatchpoints(a.watchpoints); notice(said); }
+    try { const a = await api("/api/watchpoints", {rules}); if (snap) snap.watchpoints = a.watchpoints; renderWatchpoints(a.watchpoints); notice(said); }
     catch (e) { notice(e.message, true); }
   }
   function renderWatchpoints(wps, sharded) {

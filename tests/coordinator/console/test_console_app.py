@@ -100,8 +100,8 @@ def test_the_url_line_and_the_token_gate(served):
     status, headers, body = request(server, "GET", "/?token=" + server.token)
     assert status == 200 and b"<button" in body
     cookie = headers["Set-Cookie"]
-    assert auth.COOKIE in cookie and "HttpOnly" in cookie and "SameSite=Strict" in cookie
-    jar = {"Cookie": f"{auth.COOKIE}={server.token}"}
+    assert auth.cookie_name(server.token) in cookie and "HttpOnly" in cookie and "SameSite=Strict" in cookie
+    jar = {"Cookie": f"{auth.cookie_name(server.token)}={server.token}"}
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         status, _, body = request(server, "GET", "/api/snapshot", headers=jar)
@@ -111,14 +111,20 @@ def test_the_url_line_and_the_token_gate(served):
     assert status == 200 and json.loads(body)["job"] == JOB
     snap = json.loads(body)
     assert snap["incidents"][0]["report_url"] == "/files/incidents/inc-1/report.html"
-    status, _, body = request(server, "GET", snap["incidents"][0]["report_url"], headers=jar)
+    status, headers, body = request(server, "GET", snap["incidents"][0]["report_url"], headers=jar)
     assert status == 200 and body == b"<html>the report</html>"
+    # A report is served sandboxed: its scripts cannot act as the console's page.
+    assert headers["Content-Security-Policy"] == "sandbox" and headers["X-Content-Type-Options"] == "nosniff"
+    # A second console on this machine names its cookie apart (cookies ignore the port).
+    other, _ = start()
+    assert auth.cookie_name(other.token) != auth.cookie_name(server.token)
+    assert request(other, "GET", "/api/snapshot", headers=jar)[0] == 401
 
 
 def test_files_stay_inside_the_export_folder(served):
     _, start = served
     server, _ = start(narrow=True)
-    jar = {"Cookie": f"{auth.COOKIE}={server.token}"}
+    jar = {"Cookie": f"{auth.cookie_name(server.token)}={server.token}"}
     for rel in ("../secret.txt", "%2e%2e/secret.txt", "inc-1/../../secret.txt", "nothing.html"):
         status, _, body = request(server, "GET", "/files/" + rel, headers=jar)
         assert status == 404 and b"outside" not in body, rel
@@ -128,7 +134,7 @@ def test_files_stay_inside_the_export_folder(served):
 def test_controls_need_the_header_and_this_origin(served):
     backend, start = served
     server, _ = start()
-    jar = {"Cookie": f"{auth.COOKIE}={server.token}", "Content-Type": "application/json"}
+    jar = {"Cookie": f"{auth.cookie_name(server.token)}={server.token}", "Content-Type": "application/json"}
     # The cookie alone is what a cross-site form would carry: refused.
     status, _, body = request(server, "POST", "/api/control/pause", {}, jar)
     assert status == 403 and auth.HEADER.encode() in body
@@ -215,3 +221,16 @@ def test_many_open_pages_cost_the_coordinator_one_reader(served):
     for t in pages:
         t.join(5)
     assert len(got) == 20 and all(1 <= n <= 2 for n in got), got
+
+
+def test_a_port_in_use_is_one_error_naming_it(served):
+    import socket
+    backend, _ = served
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        server = ConsoleServer(backend, None, port=port)
+        with pytest.raises(OSError, match=f"could not listen on 127.0.0.1:{port}"):
+            server.start()
+        server.stop()
