@@ -39,6 +39,7 @@ class Feed:
         self.reads = 0  # snapshots asked of the coordinator (the cost the pages put on it)
         self.last_read_s = 0.0  # how long the last one took, answer included
         self._wanted_at = -float("inf")
+        self._offered_at = -float("inf")
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -52,9 +53,19 @@ class Feed:
         if idle:
             self._wake.set()
 
+    def wanted(self) -> bool:
+        """Whether a page is open (asked within the idle limit)."""
+        return self.clock() - self._wanted_at <= self.idle_s
+
     def latest(self) -> tuple[int, bytes]:
         with self._lock:
             return self.version, self.data
+
+    def offer(self, value: Any) -> bool:
+        """A snapshot read by someone else (the launch's own poll): published as if read
+        here, and the feed's own reads pause while such offers keep coming."""
+        self._offered_at = self.clock()
+        return self._publish(encode(value))
 
     def poll_once(self) -> bool:
         """Read one snapshot; True when it differs from the last one."""
@@ -70,6 +81,9 @@ class Feed:
                 return False
             self._error = why
             data = encode({"error": f"the coordinator did not answer: {why}"})
+        return self._publish(data)
+
+    def _publish(self, data: bytes) -> bool:
         with self._lock:
             if data == self.data:
                 return False
@@ -89,7 +103,9 @@ class Feed:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            if self.clock() - self._wanted_at <= self.idle_s:
+            if self.clock() - self._offered_at <= 2 * self.wait_s():
+                self._stop.wait(self.wait_s())  # the launch's own poll is feeding the pages
+            elif self.wanted():
                 self.poll_once()
                 self._stop.wait(self.wait_s())
             else:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import socket
 import threading
 from pathlib import Path
@@ -13,6 +14,8 @@ from rankscope.coordinator.console.app import ConsoleApp
 from rankscope.coordinator.console.feed import Feed
 from rankscope.coordinator.console.view import page_snapshot
 from rankscope.coordinator.server.service_console import GRID_STEPS
+
+log = logging.getLogger(__name__)
 
 #: Loopback unless told otherwise: the console controls the job.
 DEFAULT_HOST = "127.0.0.1"
@@ -29,6 +32,7 @@ class ConsoleServer:
     def __init__(self, backend: Any, export_dir: Path | None, *, host: str = DEFAULT_HOST, port: int = 0,
                  read_only: bool = False, job: str | None = None, interval_s: float | None = None) -> None:
         self.host, self.port = host, port
+        self.export_dir = export_dir
         self.token = auth.new_token()
         kw = {} if interval_s is None else {"interval_s": interval_s}
         self.feed = Feed(lambda: page_snapshot(backend.console("snapshot", {"steps": GRID_STEPS}), export_dir), **kw)
@@ -38,6 +42,18 @@ class ConsoleServer:
         self._runner: Any = None
         self._started = threading.Event()
         self._error: BaseException | None = None
+
+    def read_status(self, coordinator: Any) -> dict:
+        """The launch's own status poll, read as the console's snapshot (a superset of the
+        status) and shown on the pages: one read of the coordinator a second, not two."""
+        if not self.feed.wanted():
+            return coordinator.status(timeout=10)  # no page open: nothing to show it on
+        snap = coordinator.console("snapshot", {"steps": GRID_STEPS}, timeout=10)
+        try:
+            self.feed.offer(page_snapshot(snap, self.export_dir))
+        except Exception:  # noqa: BLE001 - the page's trouble never costs the launch its status
+            log.debug("console: a snapshot could not be shown", exc_info=True)
+        return snap
 
     @property
     def url(self) -> str:

@@ -198,7 +198,8 @@ class Launch:
             else:
                 self._supervise_agent()
                 try:
-                    status = self.coordinator.status(timeout=10)
+                    status = (self.console.read_status(self.coordinator) if self.console is not None
+                              else self.coordinator.status(timeout=10))
                 except Exception as exc:  # a slow status must not stop the launch
                     self.say(f"status unavailable: {exc!r}")
                     status = None

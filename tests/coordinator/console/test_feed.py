@@ -62,3 +62,21 @@ def test_slow_snapshots_are_read_less_often():
     assert feed.wait_s() == 0.5
     feed.poll_once()
     assert feed.last_read_s >= 0.03 and feed.wait_s() >= 0.03 / 0.05  # at most 5% of the coordinator's time
+
+
+def test_offers_from_the_launchs_own_poll_stand_in_for_reads():
+    clock = Clock()
+    reads = []
+    feed = Feed(lambda: reads.append(1) or {"read": True}, interval_s=0.02, clock=clock).start()
+    try:
+        feed.want()
+        assert feed.wanted()
+        for i in range(20):
+            feed.offer({"offered": i})
+            time.sleep(0.01)
+        assert feed.latest()[1] == b'{"offered":19}'
+        assert len(reads) <= 2  # at most the one before the first offer arrived
+        clock.t += 11.0
+        assert not feed.wanted()
+    finally:
+        feed.stop()
