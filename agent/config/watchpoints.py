@@ -182,10 +182,12 @@ _TENSORS_WITHOUT_STATS = frozenset({int(Kind.PARAM), int(Kind.OPT_STATE), int(Ki
                                     int(Kind.GRAD_REDUCED)})
 
 
-def default_watch_blind(rule: WatchpointRule) -> str | None:
-    """What ``rule`` cannot see under the default watch, in one sentence, or None. The
-    detector finds no value there to compare (never a false hit), so it would stay
-    silent where a user expects it to fire."""
+def blind_in(rule: WatchpointRule, watch: str) -> str | None:
+    """What ``rule`` cannot see in a job watched by tier ``watch``, in one sentence, or None
+    (the full tier records every statistic). The detector finds no value there to compare
+    (never a false hit), so it would stay silent where a user expects it to fire."""
+    if watch == "full":
+        return None
     stats = sorted({k.rsplit("_", 1)[0] for k, _ in rule.params if k.startswith(_NEEDS_FULL_STATS)})
     if not stats or not rule.kinds & _TENSORS_WITHOUT_STATS:
         return None
@@ -197,6 +199,5 @@ def default_watch_blind(rule: WatchpointRule) -> str | None:
 def blind_watchpoints(cluster: dict) -> list[str]:
     """What each of a job's watchpoints cannot see in its watch (``cluster`` as the job's
     config holds it): said once at the start, so a rule never stays silent unexplained."""
-    if cluster.get("watch", "default") == "full":
-        return []
-    return [b for r in parse_watchpoints(cluster.get("watchpoints") or []) if (b := default_watch_blind(r))]
+    watch = cluster.get("watch", "default")
+    return [b for r in parse_watchpoints(cluster.get("watchpoints") or []) if (b := blind_in(r, watch))]

@@ -69,9 +69,8 @@ class ConsoleQueries:
 
     def _watchpoint_rows(self) -> list[dict]:
         """Each rule as set, and (``blind``) what it cannot see in the job's watch."""
-        from rankscope.config.watchpoints import default_watch_blind
-        full = self.core.settings.watch == "full"
-        return [{**w.to_dict(), "blind": None if full else default_watch_blind(w)} for w in self._watchpoints()]
+        from rankscope.config.watchpoints import blind_in
+        return [{**w.to_dict(), "blind": blind_in(w, self.core.settings.watch)} for w in self._watchpoints()]
 
     def _watchpoints(self) -> list:
         for det in self.core.detectors:

@@ -7,7 +7,7 @@ import json
 
 from logic_helpers import feed_step, run_synthetic
 
-from rankscope.config.watchpoints import blind_watchpoints, default_watch_blind, parse_watchpoints
+from rankscope.config.watchpoints import blind_in, blind_watchpoints, parse_watchpoints
 from rankscope.coordinator.logic.recent import NONFINITE_DEVIATION
 from rankscope.coordinator.server.service_console import verdict_rows
 
@@ -63,10 +63,10 @@ def test_a_rule_says_what_the_default_watch_cannot_show_it():
         {"condition": "TL", "max_gt": 1.0}, {"condition": "GL", "rms_gt": 1.0},
         {"condition": "WCL", "change_ratio_gt": 0.1}, {"condition": "TO"},
         {"condition": "AR", "range_gt": 5.0}])
-    assert "no max of weights" in default_watch_blind(tl) and "--watch full" in default_watch_blind(tl)
-    assert "no change_ratio" in default_watch_blind(wcl)
+    assert "no max of weights" in blind_in(tl, "default") and "--watch full" in blind_in(tl, "default")
+    assert "no change_ratio" in blind_in(wcl, "default") and blind_in(tl, "full") is None
     # Gradient norms, non-finite counts and Cell outputs are in the default watch.
-    assert default_watch_blind(gl) is None and default_watch_blind(to) is None and default_watch_blind(ar) is None
+    assert blind_in(gl, "default") is None and blind_in(to, "default") is None and blind_in(ar, "default") is None
     # Said at launch for the config's rules, unless the job runs the full watch.
     rules = [{"condition": "TL", "max_gt": 1.0}, {"condition": "GL", "rms_gt": 1.0}]
     assert [b.split(":")[0] for b in blind_watchpoints({"watchpoints": rules})] == ["wp0-TL"]
