@@ -40,7 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "acknowledge (default: %(default)s)")
     p.add_argument("--drain", type=float, default=5.0,
                    help="on SIGTERM, seconds to keep sending what is not sent yet (default: %(default)s)")
-    p.add_argument("--assign-wait", type=float, default=1.0,
+    # 4 s: under the rank's own 5 s wait for its answer (agent_link), so a slow
+    # coordinator still decides the id before the rank starts stepping with its claim.
+    p.add_argument("--assign-wait", type=float, default=4.0,
                    help="seconds a registration waits for the coordinator's job-wide id before the rank "
                         "gets this host's (default: %(default)s; 0: do not wait)")
     p.add_argument("--curve-secret", "--curve-secret-key", dest="curve_secret", default=None,
