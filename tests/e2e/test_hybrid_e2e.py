@@ -7,7 +7,10 @@ layer's ``ops.AllReduce(group=tp)``, gradients averaged by
 ``jobs/hybrid_pp.py`` (2 replicas x 2 pipeline stages handing activations on with
 AllReduce in stage-pair groups). The shards of a weight differ by design: the clean runs
 must train exactly as unwatched, with the layout said right; each injected fault must name
-its rank and step though no majority exists among two replicas.
+its rank and step though no majority exists among two replicas. The tensor-parallel job
+keeps a LayerNorm whole on both shards and the pipeline job a word embedding tied between
+its stages: kept in step they are clean; with the gradient sum between the copies
+forgotten (a bug every rank runs) the verdict names the weight and no rank.
 """
 from __future__ import annotations
 
@@ -58,12 +61,13 @@ def first(incidents: list[dict]) -> tuple:
 
 
 def test_a_clean_tensor_parallel_job_trains_as_unwatched_and_its_layout_is_said(tmp_path):
-    proc, out, incidents = launch(tmp_path, "hybrid_tp.py", {"HYBRID_STEPS": "8"})
+    proc, out, incidents = launch(tmp_path, "hybrid_tp.py", {"HYBRID_STEPS": "8", "HYBRID_NORM": "1"})
     assert proc.returncode == 0 and incidents == [], explain(proc, out)
     assert f"[rankscope] {TP_LAYOUT}" in proc.stdout
     assert "no divergence found in 4 of 4 rank(s) watched" in proc.stdout
     plain_logs = tmp_path / "plain"
     env = {k: v for k, v in os.environ.items() if not k.startswith("HYBRID_")}
+    env["HYBRID_NORM"] = "1"
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"  # msrun, and its workers' python
     plain = subprocess.run(msrun_command(4, plain_logs, JOBS / "hybrid_tp.py"), capture_output=True, text=True,
                            timeout=300, env=env)
@@ -89,7 +93,8 @@ def test_a_weight_nudged_on_one_of_two_replicas_names_that_rank_at_the_next_step
 
 
 def test_a_compiled_tensor_parallel_step_runs_clean(tmp_path):
-    proc, out, incidents = launch(tmp_path, "hybrid_tp.py", {"HYBRID_MODE": "graph", "HYBRID_STEPS": "6"})
+    proc, out, incidents = launch(tmp_path, "hybrid_tp.py", {"HYBRID_MODE": "graph", "HYBRID_STEPS": "6",
+                                                             "HYBRID_NORM": "1"})
     assert proc.returncode == 0 and incidents == [], explain(proc, out)
     assert f"[rankscope] {TP_LAYOUT}" in proc.stdout
     assert "ranks 0-3: GRAPH mode, watched through the kernel dump" in proc.stdout
@@ -103,7 +108,10 @@ def test_a_nan_in_one_tensor_parallel_ranks_batch_names_it_not_its_peer_in_graph
 
 
 def test_a_nan_made_in_pipeline_stage_0_names_that_stage_not_the_one_it_reached(tmp_path):
-    proc, out, incidents = launch(tmp_path, "hybrid_pp.py", {"PP_FAULT": "nan_batch:1:4"})
+    """With the embedding tied and kept in step: steps 0-3 are clean, and the NaN stage 1's
+    gradient of the table carries back into stage 0 through the tied sum does not hide
+    where it was made."""
+    proc, out, incidents = launch(tmp_path, "hybrid_pp.py", {"PP_FAULT": "nan_batch:1:4", "PP_TIED": "1"})
     assert incidents and first(incidents) == ("nan_origin", 1, 4), explain(proc, out)
     assert incidents[0]["evidence"]["received_through_a_collective"] == [3]
     assert ("layout: 2 data-parallel replicas x 2 pipeline stages; replicas {0,1} {2,3}" in proc.stdout)
@@ -112,3 +120,28 @@ def test_a_nan_made_in_pipeline_stage_0_names_that_stage_not_the_one_it_reached(
 def test_a_rank_that_exits_is_named_in_a_compiled_tensor_parallel_job(tmp_path):
     proc, out, incidents = launch(tmp_path, "hybrid_tp.py", {"HYBRID_MODE": "graph", "HYBRID_FAULT": "exit:2:4"})
     assert incidents and first(incidents) == ("progress", 2, 4), explain(proc, out)
+
+
+def _job_wide(proc: subprocess.CompletedProcess, out: Path, incidents: list[dict], tensor: str, agree: list,
+              group: str) -> None:
+    assert proc.returncode == 0 and len(incidents) == 1, explain(proc, out)
+    inc = incidents[0]
+    ev = inc["evidence"]
+    assert (inc["detector"], inc["tensor"], inc["decided"]) == ("replica", tensor, False), inc
+    assert inc["step"] in (0, 1) and ev["systematic"] is True
+    assert sorted(ev["agreeing_sets"]) == agree  # the replicas of a shard or stage agree
+    assert f"not summed across {group}" in ev["probable_cause"]
+    assert "no rank named: every rank runs this split" in proc.stdout and "diverged first" not in proc.stdout
+
+
+def test_a_norm_whose_gradient_is_not_summed_over_the_tensor_parallel_group_is_named_with_no_rank_compiled(tmp_path):
+    proc, out, incidents = launch(tmp_path, "hybrid_tp.py", {"HYBRID_MODE": "graph", "HYBRID_NORM": "unsynced",
+                                                             "HYBRID_STEPS": "5"})
+    _job_wide(proc, out, incidents, "Sentinel.param.norm.gamma", [[0, 2], [1, 3]],
+              "the tensor-parallel group (ranks 0, 1; ranks 2, 3)")
+
+
+def test_a_tied_embedding_whose_stages_are_not_summed_is_named_with_no_rank(tmp_path):
+    proc, out, incidents = launch(tmp_path, "hybrid_pp.py", {"PP_TIED": "unsynced", "PP_STEPS": "5"})
+    _job_wide(proc, out, incidents, "Sentinel.param.word_embeddings", [[0, 1], [2, 3]],
+              "the embedding group (ranks 0, 2; ranks 1, 3)")

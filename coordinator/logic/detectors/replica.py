@@ -40,7 +40,7 @@ from rankscope.coordinator.logic.detectors.common import (
 )
 from rankscope.coordinator.logic.detectors.moved import RULE as MOVED_RULE
 from rankscope.coordinator.logic.detectors.moved import movers
-from rankscope.coordinator.logic.detectors import systematic
+from rankscope.coordinator.logic.detectors import layout_copies, systematic
 from rankscope.coordinator.logic.detectors.named import PARAM_START, replicated_outputs
 from rankscope.coordinator.logic.verdict import Verdict
 from rankscope.wire.records import NO_CRC, REPLICATED_KINDS, Kind
@@ -163,6 +163,7 @@ class ReplicaDetector:
         if sets is not None and not sets.whole and not view.replicas_mode:
             _every_set_splits([f for f in judged[:in_sets] if f is not None], len(sets.replica_groups()), view,
                               view.step == first_step)
+            judged += self._copies(view, state, first_step)
         found = [f for f in judged if f is not None]
         out = self._settle_held(view, state, found)
         hard = [f for f in found if not f.round_off]
@@ -194,6 +195,25 @@ class ReplicaDetector:
             + (f"still split at step {view.step}" if split else f"the rank flagged again at step {view.step}" if seen
                else f"the rank's cell not seen at step {v.step + 1}"))
         return [v]
+
+    def _copies(self, view: StepView, state: dict, first_step: int) -> list[Finding]:
+        """Copies the layout keeps beyond the replicas (layout_copies) that split."""
+        out: list[Finding] = []
+        for copies in layout_copies.KINDS:
+            groups = copies.groups(view)
+            if not groups:
+                continue
+            cols = copies.learned(view, state, groups, copies.columns(view, state),
+                                  lambda rows, c: _equal_rows(view, rows, c))
+            if not cols.shape[0]:
+                continue
+            found = [f for f in (self._judge_rows(view, g, cols, first_step) for g in groups
+                                 if not _equal_rows(view, g, cols)) if f is not None]
+            if found:
+                sig = signatures(view, np.array([found[0].col], np.int64))[:, 0]
+                copies.mark(found, groups, view, view.step == first_step, sig)
+            out += found
+        return out
 
     @staticmethod
     def _collective_units(view: StepView) -> list[tuple[np.ndarray, np.ndarray]]:

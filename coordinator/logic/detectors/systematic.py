@@ -64,14 +64,16 @@ def probable_cause(tensor: str | None, kind: str | None, where: str, first_step:
     return f"{tensor} must be identical {where} and is not on any of them: a collective missing or over the wrong group"
 
 
-def mark(v: Verdict, rule: str, agree: list[list[int]], where: str, first_step: bool = False) -> Verdict:
-    """Turn a replica verdict into a job-wide one: no rank named, who agrees with whom, why."""
+def mark(v: Verdict, rule: str, agree: list[list[int]], where: str, first_step: bool = False,
+         cause: str | None = None) -> Verdict:
+    """Turn a replica verdict into a job-wide one: no rank named, who agrees with whom, why
+    (``cause``: the probable broken operation where the caller knows it better)."""
     v.decided = False
     ev = v.evidence
     ev["rule"] = rule
     ev["systematic"] = True
     ev["agreeing_sets"] = [sorted(g) for g in agree][:64]
-    ev["probable_cause"] = probable_cause(v.tensor, v.kind, where, first_step)
+    ev["probable_cause"] = cause or probable_cause(v.tensor, v.kind, where, first_step)
     ev[JOB_WIDE] = ("every rank runs this split (it follows the layout, so it is code or configuration, not "
                     f"one machine): {ev['probable_cause']}")
     return v

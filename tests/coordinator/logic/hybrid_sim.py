@@ -6,6 +6,8 @@ parameters and reduced gradients; both shards of a replica read the same batch, 
 loss is the same; each rank's tensor-parallel AllReduce hands its replica's shards one
 output. Every parameter is recorded at the step's start and after the update
 (``Sentinel.param_end``, equal to the next start). Tests inject faults on the batches.
+``norm``: a LayerNorm weight every rank holds whole (``Sentinel.param.norm.gamma``), the
+same on every rank, last in the batch.
 """
 from __future__ import annotations
 
@@ -25,7 +27,8 @@ def tp_facts(rank: int, tp: int = 2, dp: int = 2) -> dict:
 
 
 class HybridTraining:
-    def __init__(self, tp: int = 2, dp: int = 2, params: int = 3, seed: int = 0, job: str = "hybrid") -> None:
+    def __init__(self, tp: int = 2, dp: int = 2, params: int = 3, seed: int = 0, job: str = "hybrid",
+                 norm: bool = False) -> None:
         self.tp, self.dp, self.p, self.job = tp, dp, params, job
         self.rng = np.random.default_rng(seed)
         self.ranks = tp * dp
@@ -39,6 +42,10 @@ class HybridTraining:
                       + [f"Sentinel.param_end.fc{i}.weight" for i in range(p)])
         self.kinds = np.array([Kind.PARAM] * p + [Kind.FORWARD] * (p + 2) + [Kind.LOSS] + [Kind.GRAD_LOCAL] * p
                               + [Kind.GRAD_REDUCED] * p + [Kind.PARAM] * p, np.uint8)
+        if norm:
+            self.names.append("Sentinel.param.norm.gamma")
+            self.kinds = np.append(self.kinds, np.uint8(Kind.PARAM))
+        self.norm = norm
         self.shard_level = self.rng.uniform(0.5, 2.0, (tp, p))
         self._sent: set[int] = set()
 
@@ -71,6 +78,8 @@ class HybridTraining:
             norm[2 * p + 1] = 80.0 * np.exp(common + data[d])  # the replica's reduced activation
             crc[2 * p + 1] = zlib.crc32(f"a{step}:{d}".encode())
             norm[2 * p + 2] = np.exp(-step / 50 + common + data[d])  # the replica's loss
+            if self.norm:
+                norm[-1], crc[-1] = 4.0 + 0.001 * step, zlib.crc32(f"norm{step}".encode())
             stats = np.stack([norm * 0.1, -norm * 0.1, norm * 0.001, norm], axis=1)
             stats[2 * p + 2, :3] = norm[2 * p + 2]
             names = [nm.replace("{d}", str(d)) for nm in self.names]

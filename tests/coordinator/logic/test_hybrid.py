@@ -300,3 +300,58 @@ def test_plain_data_parallel_of_two_ranks_stays_quiet_when_clean():
     clock = FakeClock()
     core = CoordinatorCore({}, clock=clock)
     assert [v for step in range(600) for v in feed_step(core, clock, sim.batches(step))] == []
+
+
+def _norm_split(sim: HybridTraining, shards: tuple[int, ...], from_step: int = 1):
+    """From ``from_step`` on, the norm weight of each shard in ``shards`` learns from that
+    shard's half only: every replica's copy of the shard takes the same value."""
+    g = sim.col("Sentinel.param.norm.gamma")
+
+    def split(step, batches):
+        if step >= from_step:
+            for b in batches:
+                if b.rank % sim.tp in shards:
+                    b.crc32[g] += 1 + b.rank % sim.tp
+                    b.stats[g, 3] += 0.01 * (1 + b.rank % sim.tp)
+    return split
+
+
+def test_a_norm_weight_split_between_every_tensor_parallel_pair_is_job_wide_and_names_the_missing_sum():
+    sim = HybridTraining(seed=3, norm=True)
+    core, clock = _core({"on_divergence": "terminate"})
+    found = _run(core, clock, sim, 4, _norm_split(sim, (1,)))
+    assert found, "expected a verdict"
+    v = found[0]
+    assert (v.detector, v.step, v.tensor, v.decided) == ("replica", 1, "Sentinel.param.norm.gamma", False)
+    ev = v.evidence
+    assert ev["systematic"] is True
+    assert sorted(ev["agreeing_sets"]) == [[0, 2], [1, 3]]  # the replicas of a shard agree
+    assert "not summed across the tensor-parallel group (ranks 0, 1; ranks 2, 3)" in ev["probable_cause"]
+    kinds = {a.kind for a in core.take_actions()}  # no rank to blame: export and warn, never stop
+    assert ActionKind.EXPORT in kinds and not {ActionKind.PAUSE, ActionKind.TERMINATE} & kinds
+
+
+def test_a_clean_hybrid_job_with_a_replicated_norm_raises_nothing():
+    core, clock = _core()
+    assert _run(core, clock, HybridTraining(seed=4, norm=True), 30) == []
+
+
+def test_a_norm_that_starts_apart_on_the_shards_is_taken_for_sharded_and_never_flagged():
+    """A norm loaded per shard: its shards differ from the first step compared, so the
+    group never held it as one value and nothing is learned."""
+    sim = HybridTraining(seed=5, norm=True)
+    core, clock = _core()
+    assert _run(core, clock, sim, 6, _norm_split(sim, (1,), from_step=0)) == []
+
+
+def test_one_rank_s_norm_split_from_its_peer_is_not_called_systematic():
+    sim = HybridTraining(seed=6, norm=True)
+    g = sim.col("Sentinel.param.norm.gamma")
+
+    def one(step, batches):
+        if step >= 2:
+            batches[3].crc32[g] += 1
+    core, clock = _core()
+    found = _run(core, clock, sim, 4, one)
+    assert found and found[0].tensor == "Sentinel.param.norm.gamma"
+    assert "systematic" not in found[0].evidence

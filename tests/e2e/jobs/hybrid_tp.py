@@ -17,6 +17,13 @@ cell). HYBRID_STEPS (default 8). HYBRID_FAULT=kind:rank:step injects one fault:
   optimizer update);
 - ``exit``: that rank leaves with status 3 before the step.
 
+HYBRID_NORM=1 puts a LayerNorm (on every rank, replicated) in front of the column-parallel
+layer, behind Megatron's "copy to the tensor-parallel region": identity forward, its
+gradient all-reduced over the tensor-parallel group backward, so both shards' norms learn
+from the whole layer. HYBRID_NORM=unsynced is the bug every rank runs: the backward forgets
+that all-reduce, each shard's norm learns from its half only and the tensor-parallel ranks'
+norms drift apart from the first update, while the replicas of a shard still agree.
+
 Knows nothing about rankscope.
 """
 import os
@@ -44,6 +51,7 @@ STEPS = int(os.environ.get("HYBRID_STEPS", "8"))
 spec = os.environ.get("HYBRID_FAULT", "")
 KIND, FRANK, FSTEP = (spec.split(":")[0], int(spec.split(":")[1]), int(spec.split(":")[2])) if spec else ("", -1, -1)
 IN, HIDDEN, OUT, BATCH = 16, 32, 4, 8
+NORM = os.environ.get("HYBRID_NORM", "")
 
 # The full weights, the same on every rank; each rank keeps its shard.
 full = np.random.RandomState(3)
@@ -73,13 +81,35 @@ class RowParallel(nn.Cell):
         return self.reduce(ops.matmul(h, self.weight.T)) + self.bias
 
 
+class CopyToTensorParallel(nn.Cell):
+    """Identity forward; backward, the gradient summed over the tensor-parallel group
+    (each shard's input gradient is only its part of the whole)."""
+
+    def __init__(self, synced):
+        super().__init__()
+        self.synced = synced
+        self.reduce = ops.AllReduce(group=TP_GROUP)
+
+    def construct(self, x):
+        return x
+
+    def bprop(self, x, out, dout):
+        if self.synced:
+            return (self.reduce(dout),)
+        return (dout,)
+
+
 class TPNet(nn.Cell):
     def __init__(self):
         super().__init__()
+        self.norm = nn.LayerNorm((IN,)) if NORM else None
+        self.copy = CopyToTensorParallel(NORM != "unsynced") if NORM else None
         self.fc1 = ColumnParallel()
         self.fc2 = RowParallel()
 
     def construct(self, x):
+        if self.norm is not None:
+            x = self.copy(self.norm(x))
         return self.fc2(self.fc1(x))
 
 
