@@ -49,7 +49,11 @@ def cost_text(cost: dict | None, measured: bool = True) -> str:
     if cost["tier"] == FULL_TIER:
         return "full watch: every parameter, optimizer state and gradient in full every step"
     budget = cost.get("budget")
-    text = "default watch" + (f" within {_pct(budget)} of a step" if isinstance(budget, (int, float)) else "")
+    share = cost.get("share") if measured else None
+    # Said as a claim only while the measurement bears it out.
+    over = isinstance(share, (int, float)) and isinstance(budget, (int, float)) and share > budget
+    text = "default watch" + ("" if not isinstance(budget, (int, float)) else
+                              f", budget {_pct(budget)} of a step" if over else f" within {_pct(budget)} of a step")
     every = cost.get("every")
     if isinstance(every, int):  # None until the rank has measured its steps
         text += (f", each weight fingerprinted every {every} steps (a silent weight change is named "
@@ -62,9 +66,11 @@ def cost_text(cost: dict | None, measured: bool = True) -> str:
         text += f", per-Cell hooks on{cost_of_cells}"
     if not measured:
         return text
-    share = cost.get("share")
     if isinstance(share, (int, float)):
         text += f", measured {'up to ' if cost.get('merged') else ''}{share:.1%} of a step"
+        if over:
+            text += (" (over the budget: what runs every step, the loss, one read of each gradient and the step's "
+                     "records, does not rotate)")
     host = cost.get("host_bytes")
     if isinstance(host, int):
         text += f", {_size(host)} copied to the host a step"

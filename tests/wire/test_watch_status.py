@@ -178,6 +178,9 @@ def test_the_watch_cost_travels_validated_and_reads_as_one_phrase():
     assert "every weight fingerprinted every step" in watch_line(2, "PyNative", "hooks", cost={**COST, "every": 1})
     kept = watch_line(2, "PyNative", "hooks", cost={**COST, "cells": "on", "cells_share": 0.012})
     assert "per-Cell hooks on (they cost 1.2% of a step)" in kept and "re-run" not in kept
+    over = watch_line(2, "PyNative", "hooks", cost={**COST, "share": 0.062, "every": 64})
+    assert "default watch, budget 5% of a step" in over and "within" not in over  # no claim the figure belies
+    assert "measured 6.2% of a step (over the budget: what runs every step" in over
     assert watch_line(2, "PyNative", "hooks", cost={"tier": "full"}).endswith(
         "full watch: every parameter, optimizer state and gradient in full every step")
 
