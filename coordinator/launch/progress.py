@@ -82,8 +82,9 @@ class ProgressPrinter:
                     continue
                 split = undecided(inc)
                 if job_wide(inc):
-                    self.say(f"JOB-WIDE: {shown(inc.get('detector'))} at step {shown(inc.get('step'))}: "
-                             f"{(inc.get('evidence') or {}).get('rule', '')}; no rank named, exported, the job runs "
+                    self.say(f"JOB-WIDE: {shown(inc.get('detector'))} at step {shown(inc.get('step'))} on "
+                             f"{what_of(inc)}: {(inc.get('evidence') or {}).get('rule', '')}; no rank named, "
+                             "exported, the job runs "
                              f"on; state {shown(inc.get('state'))}")
                 elif split:
                     self.say(f"UNDECIDED: {shown(inc.get('detector'))}: {rank_span(split)} disagree at step "

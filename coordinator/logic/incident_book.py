@@ -24,7 +24,7 @@ from rankscope.coordinator.logic.incident import (
 )
 from rankscope.coordinator.logic.incident_store import IncidentStore, incident_document, write_incident
 from rankscope.coordinator.logic.reruns import RerunBook
-from rankscope.coordinator.logic.verdict import Verdict
+from rankscope.coordinator.logic.verdict import JOB_WIDE, Verdict
 from rankscope.wire import rerun_facts
 from rankscope.wire.layout import incident_dir
 
@@ -96,7 +96,8 @@ class IncidentBook:
             return None
         wall = self.wall_clock()
         # An operator's export names no rank; an undecided verdict names none either.
-        who = "-undecided" if not v.decided else f"-r{v.rank}" if v.rank >= 0 else ""
+        who = "-jobwide" if JOB_WIDE in v.evidence else "-undecided" if not v.decided else \
+            f"-r{v.rank}" if v.rank >= 0 else ""
         base = f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime(wall))}-{v.detector}{who}-s{v.step}"
         iid, n = base, 1
         while iid in self.by_id:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from rankscope.coordinator.logic.incident import Incident
+from rankscope.coordinator.logic.verdict import JOB_WIDE
 from rankscope.wire.atomic import atomic_write_bytes
 from rankscope.wire.layout import incident_dir, incidents_root
 from rankscope.wire.rank_map import rank_map_document
@@ -68,7 +69,7 @@ def incident_document(incident: Incident, ranks: Mapping[int, Mapping[str, Any]]
         "first_diverging_rank": v.rank if v.decided else None,
         "ties": v.ties if v.decided else [],
         "decided": v.decided,
-        "undecided_between": [] if v.decided else v.candidates,
+        "undecided_between": [] if v.decided or JOB_WIDE in v.evidence else v.candidates,
         "step": v.step,
         "token": v.token,
         "tensor": v.tensor,

@@ -59,6 +59,8 @@ class Verdict:
         if self.detector == "manual":
             return f"manual: bundles exported on an operator's request at step {self.step} (no divergence named)"
         where = f" tensor {self.tensor}" if self.tensor else ""
+        if JOB_WIDE in self.evidence:
+            return f"{self.detector}: job-wide split at step {self.step}{where}: every rank runs it, no rank named"
         if not self.decided:
             return f"{self.detector}: undecided between ranks {self.candidates} step {self.step}{where}"
         ties = f" (tied with ranks {self.ties})" if self.ties else ""

@@ -96,3 +96,17 @@ def test_a_kept_host_view_follows_in_place_updates_and_is_taken_again_when_the_t
     p.set_data(ms.Tensor(np.full(64, 7.0, dtype=np.float32)))  # may give the parameter new memory
     again, _ = piece.host_bytes({})
     assert fp.hash_bytes(again) == fp.host_fingerprint(np.full(64, 7.0, dtype=np.float32))
+
+
+def test_a_large_squared_norm_read_by_threads_is_the_same_bits_wherever_the_array_lies():
+    a = np.random.RandomState(5).randn(fp.PARALLEL_MIN + 12_345).astype(np.float32)
+    got = fp.host_squared_norm(a)
+    in_order = sum(float(np.dot(a[i:i + fp.NORM_CHUNK], a[i:i + fp.NORM_CHUNK]))
+                   for i in range(0, a.size, fp.NORM_CHUNK))
+    assert got == in_order  # chunks fixed by the size, summed in order: no thread-order rounding
+    assert got == pytest.approx(float((a.astype(np.float64) ** 2).sum()), rel=1e-5)
+    moved = np.empty(a.size + 1, np.float32)[1:]  # another address, another alignment
+    moved[:] = a
+    assert fp.host_squared_norm(moved) == got
+    a[-1] = np.inf  # in the last chunk
+    assert not np.isfinite(fp.host_squared_norm(a))

@@ -38,7 +38,9 @@ import numpy as np
 
 from rankscope.coordinator.logic.aligner import StepView
 from rankscope.coordinator.logic.detectors import systematic
+from rankscope.coordinator.logic.detectors.common import MAX_EVIDENCE_RANKS
 from rankscope.coordinator.logic.detectors.named import PARAM_START
+from rankscope.wire.records import NO_CRC
 from rankscope.wire.spans import rank_span
 
 _NORM_PART = re.compile(r"norm(?!al)|^ln(_\w+|\d*)$", re.IGNORECASE)
@@ -142,8 +144,15 @@ class Copies:
         name = view.keys.names[col][len(PARAM_START):]
         cause = (f"{name} is copied on {self.across} and the copies differ after an update: its gradient is not "
                  f"summed across {self.summed} ({where}); {self.missing}")
+        crc = view.crc[:, col]
+        by_rank = {str(int(view.ranks[r])): None if crc[r] == NO_CRC else f"{int(crc[r]):08x}"
+                   for r in rows[:MAX_EVIDENCE_RANKS]}
+        copy_groups = [sorted(int(view.ranks[r]) for r in g if view.present[r, col]) for g in groups][:64]
         for f in open_:
             systematic.mark(f.verdict, self.rule, agree, f"across {self.across} ({where})", first_step, cause=cause)
+            ev = f.verdict.evidence
+            ev.pop("replica_set", None)  # the rows compared were a group of copies, not replicas
+            ev["copy_groups"], ev["crc32_by_rank"] = copy_groups, by_rank
 
 
 TENSOR_PARALLEL = Copies(

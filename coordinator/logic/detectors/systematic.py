@@ -73,6 +73,9 @@ def mark(v: Verdict, rule: str, agree: list[list[int]], where: str, first_step: 
     ev["rule"] = rule
     ev["systematic"] = True
     ev["agreeing_sets"] = [sorted(g) for g in agree][:64]
+    # No rank is off a majority (there is none): a reader of the evidence must not take
+    # the first compared rank for the culprit.
+    ev["deviating_ranks"] = []
     ev["probable_cause"] = cause or probable_cause(v.tensor, v.kind, where, first_step)
     ev[JOB_WIDE] = ("every rank runs this split (it follows the layout, so it is code or configuration, not "
                     f"one machine): {ev['probable_cause']}")

@@ -355,3 +355,17 @@ def test_one_rank_s_norm_split_from_its_peer_is_not_called_systematic():
     found = _run(core, clock, sim, 4, one)
     assert found and found[0].tensor == "Sentinel.param.norm.gamma"
     assert "systematic" not in found[0].evidence
+
+
+def test_a_job_wide_norm_split_names_no_rank_anywhere_in_its_incident(tmp_path):
+    sim = HybridTraining(seed=7, norm=True)
+    core, clock = _core(export_dir=tmp_path)
+    [v, *_] = _run(core, clock, sim, 3, _norm_split(sim, (1,)))
+    ev = v.evidence
+    assert ev["deviating_ranks"] == [] and "replica_set" not in ev
+    assert ev["copy_groups"] == [[0, 1], [2, 3]] and sorted(ev["crc32_by_rank"]) == ["0", "1", "2", "3"]
+    assert v.summary() == ("replica: job-wide split at step 1 tensor Sentinel.param.norm.gamma: every rank runs it, "
+                           "no rank named")
+    [doc] = core.documents()
+    assert doc["incident_id"].endswith("-replica-jobwide-s1")
+    assert doc["undecided_between"] == [] and doc["first_diverging_rank"] is None
