@@ -62,6 +62,10 @@ class RecentSteps:
     def views(self, group: str) -> list[StepView]:
         return list(self._groups.get(group, ()))
 
+    def all_views(self) -> dict[str, list[StepView]]:
+        """Every group's kept views, oldest first."""
+        return {g: list(q) for g, q in self._groups.items()}
+
     def proof(self, verdict: dict[str, Any]) -> dict[str, Any]:
         """The verdict's tensor on every rank over the steps around it, and (NaN origin)
         where the non-finite values went: an incident report's proof."""

@@ -1,6 +1,7 @@
 """What the live console asks the coordinator service: one snapshot a poll (the status with
 a row per rank, plus the grid's newest judged steps), the tensors of a kept step, one
-tensor over the kept steps, and new watchpoints. Read on the loop thread, like status."""
+tensor over the kept steps, new watchpoints, and watchpoints checked again over the kept
+steps. Read on the loop thread, like status."""
 from __future__ import annotations
 
 from typing import Any
@@ -10,7 +11,7 @@ GRID_STEPS = 64
 #: Newest verdicts a snapshot lists (each detector's repeats are already held back).
 MAX_VERDICTS = 200
 #: What :meth:`ConsoleQueries.console` answers.
-QUERIES = ("snapshot", "tensors", "tensor", "watchpoints")
+QUERIES = ("snapshot", "tensors", "tensor", "watchpoints", "recheck")
 
 
 class ConsoleQueries:
@@ -25,15 +26,19 @@ class ConsoleQueries:
         args = dict(args or {})
         if what not in QUERIES:
             raise ValueError(f"console: {what!r} is not one of {', '.join(QUERIES)}")
-        if what == "watchpoints":
+        if what in ("watchpoints", "recheck"):
             rules = args.get("rules")
+            if what == "recheck" and rules is None:
+                return self.frontend.call_sync(self._recheck, None)  # the rules set now
             if not isinstance(rules, list):
-                raise ValueError("console watchpoints: args.rules must be a list of watchpoint rules")
+                raise ValueError(f"console {what}: args.rules must be a list of watchpoint rules")
             if self.link is not None:
-                raise ValueError("console watchpoints: with ingest shards the watchpoints are the shards' "
-                                 "(set them in cluster.watchpoints before the start)")
+                raise ValueError(f"console {what}: with ingest shards the watchpoints and the kept steps are the "
+                                 "shards' (set them in cluster.watchpoints before the start)")
             from rankscope.config.watchpoints import parse_watchpoints
-            parse_watchpoints(rules, "watchpoints")  # a ValueError naming the field, before the loop thread
+            parsed = parse_watchpoints(rules, "watchpoints")  # a ValueError naming the field, off the loop thread
+            if what == "recheck":
+                return self.frontend.call_sync(self._recheck, parsed)
             return self.frontend.call_sync(self._set_watchpoints, rules)
         return self.frontend.call_sync(getattr(self, f"_console_{what}"), args)
 
@@ -66,6 +71,12 @@ class ConsoleQueries:
     def _set_watchpoints(self, rules: list[dict]) -> dict:
         self.core.set_watchpoints(rules)
         return {"watchpoints": self._watchpoint_rows()}
+
+    def _recheck(self, rules: tuple | None) -> dict:
+        if self.link is not None:
+            raise ValueError("console recheck: with ingest shards the kept steps are the shards'")
+        from rankscope.coordinator.logic.recheck import recheck
+        return recheck(self.core.series.recent.all_views(), tuple(self._watchpoints()) if rules is None else rules)
 
     def _watchpoint_rows(self) -> list[dict]:
         """Each rule as set, and (``blind``) what it cannot see in the job's watch."""

@@ -144,6 +144,12 @@ def test_console_drives_a_real_job(tmp_path):
             hit = _wait("a watchpoint hit", lambda: hits.all(), proc, log, 120)
             assert int(hit[0].locator("td.step").inner_text()) > made_at
             assert "out.weight" in hit[0].locator("td.tensor").inner_text()
+            # Rechecked over the kept steps, the new rule answers for steps before it was made.
+            page.get_by_role("button", name="Recheck kept steps").click()
+            rechecked = page.locator("#wp-rechecked li")
+            _wait("the recheck's hits", lambda: rechecked.count() > 0, proc, log, 30)
+            past = [int(t.split()[1]) for t in rechecked.all_inner_texts()]
+            assert min(past) <= made_at and all("out.weight" in t for t in rechecked.all_inner_texts()), past
             _shot(page, "console-watchpoint")
 
             # The model tree at the fault's step, and one tensor on every rank.

@@ -344,6 +344,7 @@
       $("wp-param").hidden = $("wp-value").hidden = ps.length === 0;
     };
     cond.onchange = params; params();
+    $("wp-recheck").addEventListener("click", recheck);
     $("wp-form").addEventListener("submit", async (ev) => {
       ev.preventDefault();
       const rule = {condition: cond.value};
@@ -353,6 +354,17 @@
       await setRules([...current(), rule], "watchpoint added: applied from the next judged step on every rank");
     });
   }
+  async function recheck() {
+    try {
+      const a = await api("/api/recheck", {});
+      const span = a.steps ? `steps ${a.steps[0]}-${a.steps[1]}` : "no kept step";
+      notice(`rechecked ${a.checked} kept step(s) (${span}): ${a.hits.length}${a.more ? "+" + a.more : ""} hit(s)`);
+      $("wp-rechecked").replaceChildren(...a.hits.map((h) => el("li", {class: "hit", title: "show this step and tensor",
+        onclick: () => pick(h.group, h.step, h.rank, true, h.tensor)},
+        `step ${h.step} rank ${h.rank} ${h.tensor || ""}: ${h.condition} ${h.parameter || ""} ` +
+        `${fmt(h.actual)}${h.threshold === null || h.threshold === undefined ? "" : " vs " + fmt(h.threshold)}`)));
+    } catch (e) { notice(`recheck: ${e.message}`, true); }
+  }
   const current = () => (snap && snap.watchpoints || []).map((w) => { const r = {...w}; delete r.id; delete r.blind; return r; });
   async function setRules(rules, said) {
     try { const a = await api("/api/watchpoints", {rules}); if (snap) snap.watchpoints = a.watchpoints; renderWatchpoints(a.watchpoints); notice(said); }
@@ -360,6 +372,7 @@
   }
   function renderWatchpoints(wps, sharded) {
     $("wp-form").hidden = !!sharded || R.readOnly;
+    $("wp-recheck-row").hidden = !!sharded || !wps.length;
     $("wp-list").replaceChildren(...wps.map((w, i) => el("li", {"data-id": w.id},
       `${w.condition} ` + Object.entries(w).filter(([k]) => !["id", "condition", "kinds", "names", "blind"].includes(k)).map(([k, v]) => `${k}=${v}`).join(" ") +
       (w.names && w.names.length ? ` on ${w.names.join(", ")}` : "") + ` (${(w.kinds || []).join(", ")})`,

@@ -43,6 +43,11 @@ class StandIn:
                 raise ValueError("console watchpoints: args.rules must be a list of watchpoint rules")
             self.rules = args["rules"]
             return {"watchpoints": self.rules}
+        if what == "recheck":
+            if args.get("rules") is not None and not isinstance(args["rules"], list):
+                raise ValueError("console recheck: args.rules must be a list of watchpoint rules")
+            self.rechecked = args.get("rules")
+            return {"hits": [{"step": 2, "rank": 0}], "steps": [1, 2], "checked": 2}
         return {"what": what, **args}
 
     def control(self, verb: str, args: dict) -> dict:
@@ -158,6 +163,7 @@ def test_malformed_requests_get_a_4xx_naming_what_was_wrong(served):
         ("/api/control/pause", b"{not json", 400, b"not JSON"),
         ("/api/control/pause", b"[1, 2]", 400, b"must be a JSON object"),
         ("/api/watchpoints", {"rules": "TO"}, 400, b"args.rules must be a list"),
+        ("/api/recheck", {"rules": "TO"}, 400, b"args.rules must be a list"),
     ]
     for path, body, want, text in cases:
         status, _, got = act(server, path, body)
@@ -185,6 +191,10 @@ def test_read_only_console_refuses_every_control(served):
     assert backend.controls == [] and backend.rules == []
     status, _, body = request(server, "GET", "/?token=" + server.token)
     assert status == 200 and b"readOnly: true" in body
+    # A recheck changes nothing in the job: a read-only console answers it.
+    status, _, body = act(server, "/api/recheck", {"rules": [{"condition": "TO"}]})
+    assert status == 200 and json.loads(body)["hits"] == [{"step": 2, "rank": 0}]
+    assert backend.rechecked == [{"condition": "TO"}]
 
 
 def test_many_open_pages_cost_the_coordinator_one_reader(served):

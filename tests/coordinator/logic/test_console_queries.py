@@ -71,3 +71,20 @@ def test_a_rule_says_what_the_default_watch_cannot_show_it():
     rules = [{"condition": "TL", "max_gt": 1.0}, {"condition": "GL", "rms_gt": 1.0}]
     assert [b.split(":")[0] for b in blind_watchpoints({"watchpoints": rules})] == ["wp0-TL"]
     assert blind_watchpoints({"watchpoints": rules, "watch": "full"}) == []
+
+
+def test_a_watchpoint_rechecked_over_the_kept_steps_finds_a_past_hit_and_moves_nothing():
+    """A rule made after the fact answers for the kept past: the NaN of step 7 is a hit at
+    step 7 on rank 2; nothing is raised and the running watchpoints stay as they were."""
+    from rankscope.coordinator.logic.recheck import recheck
+    core, sim, found = run_synthetic(12, _nan_on_rank2_at_step7)
+    before = (len(core.verdicts), len(core.documents()))
+    [rule] = parse_watchpoints([{"condition": "TO", "names": ["Sentinel.grad_local.*"]}])
+    got = recheck(core.series.recent.all_views(), (rule,))
+    assert [(h["step"], h["rank"]) for h in got["hits"]] == [(7, 2)]
+    assert got["hits"][0]["tensor"].startswith("Sentinel.grad_local.layer1.") and got["hits"][0]["condition"] == "TO"
+    assert got["steps"][1] == 11 and got["steps"][0] <= 7 and got["checked"] >= 5
+    assert (len(core.verdicts), len(core.documents())) == before
+    assert recheck(core.series.recent.all_views(), ()) ["hits"] == []
+    assert recheck({}, (rule,)) == {"hits": [], "more": 0, "steps": None, "checked": 0}
+    json.dumps(got, allow_nan=False)
