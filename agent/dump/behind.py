@@ -7,13 +7,16 @@ budget is a few percent of a step, so under launch its dump is written behind th
 by one thread, in order; the training thread only hands the step over.
 
 What is handed over is on disk when :meth:`WriteBehind.drain` returns: the writer
-drains before anything reads its folders (an incident's export, a rank's rename) and at
-close. A process killed with SIGKILL loses the steps still queued (normally none: a
-step is written in a few milliseconds); the node agent already holds them, sent as
-they were recorded.
+drains before anything reads its folders (an incident's export, a rank's rename), at
+close, and at the process's exit (a zero-code rank is never closed, and its thread is a
+daemon that the interpreter would stop mid-step: a loaded machine lost the last step's
+``dump.json`` that way). A process killed with SIGKILL loses the steps still queued
+(normally none: a step is written in a few milliseconds); the node agent already holds
+them, sent as they were recorded.
 """
 from __future__ import annotations
 
+import atexit
 import queue
 import threading
 from typing import Any, Callable
@@ -21,6 +24,9 @@ from typing import Any, Callable
 #: Steps that may wait to be written before the training thread waits for the disk, as
 #: a synchronous writer would on every step.
 DEPTH = 64
+#: How long the process's exit waits for the steps still queued: a disk that hangs must
+#: not hold the exit for longer.
+EXIT_WAIT_S = 10.0
 
 
 class WriteBehind:
@@ -37,6 +43,7 @@ class WriteBehind:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
                 self._thread.start()
+                atexit.register(self._at_exit)
         self._queue.put(item)
 
     def drain(self) -> None:
@@ -44,13 +51,21 @@ class WriteBehind:
         if self._thread is not None and threading.current_thread() is not self._thread:
             self._queue.join()
 
-    def close(self) -> None:
+    def close(self, timeout: float | None = None) -> None:
+        """Write what is queued, then stop the thread (``timeout``: wait no longer)."""
         with self._lock:
             thread, self._thread = self._thread, None
         if thread is None:
             return
-        self._queue.put(None)
-        thread.join()
+        atexit.unregister(self._at_exit)
+        try:
+            self._queue.put(None, timeout=timeout)
+        except queue.Full:
+            return
+        thread.join(timeout)
+
+    def _at_exit(self) -> None:
+        self.close(EXIT_WAIT_S)
 
     def _run(self) -> None:
         while True:

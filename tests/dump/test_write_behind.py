@@ -85,3 +85,23 @@ def test_the_queue_is_bounded_so_a_stalled_disk_cannot_hold_unbounded_steps():
     blocked.join(5)
     wb.close()
     assert seen == [0, 1, 2, 3]
+
+
+def test_a_step_handed_over_just_before_the_process_exits_is_on_disk(tmp_path):
+    """A zero-code rank is never closed: the exit itself must wait for the queued step
+    (its daemon thread would otherwise be stopped mid-write)."""
+    import subprocess
+    import sys
+    script = f"""
+import pathlib, time
+from rankscope.dump.behind import WriteBehind
+def write(i):
+    time.sleep(0.5)  # a slow disk
+    pathlib.Path({str(tmp_path)!r}, f"step{{i}}.json").write_text("{{}}")
+wb = WriteBehind(write)
+for i in range(3):
+    wb.submit(i)
+"""
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step0.json", "step1.json", "step2.json"]
