@@ -49,6 +49,34 @@ class RowSets:
             got = self._groups[which] = [p for p in parts if p.shape[0] >= 2]
         return got
 
+    def tensor_parallel_groups(self) -> list[np.ndarray]:
+        """Rows of each (data replica, stage) holding two or more tensor-parallel shards:
+        they read one batch and hold pieces of the same weights."""
+        if self.whole or self.stage_of is None:
+            return []
+        span = int(self.stage_of.max()) + 1
+        known = (self.data_index >= 0) & (self.stage_of >= 0)
+        return self._keyed("tensor_parallel", np.where(known, self.data_index * span + self.stage_of, -1))
+
+    def pipeline_groups(self) -> list[np.ndarray]:
+        """Rows of each data replica that span two or more pipeline stages."""
+        got = self._groups.get("pipeline")
+        if got is None:
+            if self.whole or self.stage_of is None:
+                return []
+            known = (self.data_index >= 0) & (self.stage_of >= 0)
+            rows = self._keyed("data_replica", np.where(known, self.data_index, -1))
+            got = self._groups["pipeline"] = [g for g in rows if np.unique(self.stage_of[g]).shape[0] >= 2]
+        return got
+
+    def _keyed(self, which: str, key: np.ndarray) -> list[np.ndarray]:
+        """Rows grouped by ``key`` (-1: in no group), groups of two or more, computed once."""
+        got = self._groups.get(which)
+        if got is None:
+            got = self._groups[which] = [np.flatnonzero(key == k) for k in np.unique(key[key >= 0])
+                                         if int((key == k).sum()) >= 2]
+        return got
+
     def peers_in_replica(self, row: int) -> np.ndarray:
         """A row's tensor-parallel peers: rows of its data replica (they read the same
         batch) holding other shards of the same weights (same stage)."""

@@ -9,7 +9,7 @@ import numpy as np
 
 from rankscope.coordinator.logic.aligner import NO_EXEC, StepView
 from rankscope.coordinator.logic.verdict import Verdict
-from rankscope.wire.records import STAT_COLUMNS, Kind
+from rankscope.wire.records import NO_CRC, STAT_COLUMNS, Kind
 
 #: Evidence lists at most this many ranks' values, so a 1024-rank verdict stays small.
 MAX_EVIDENCE_RANKS = 64
@@ -87,6 +87,11 @@ def num(x: Any) -> Any:
         return int(x)
     x = float(x)
     return x if math.isfinite(x) else str(x)
+
+
+def crc_hex(crc: Any) -> str | None:
+    """A record's checksum as evidence shows it: 8 hex digits, None where it has none."""
+    return None if crc == NO_CRC else f"{int(crc):08x}"
 
 
 def stats_dict(view: StepView, row: int, col: int) -> dict[str, Any]:

@@ -38,9 +38,8 @@ import numpy as np
 
 from rankscope.coordinator.logic.aligner import StepView
 from rankscope.coordinator.logic.detectors import systematic
-from rankscope.coordinator.logic.detectors.common import MAX_EVIDENCE_RANKS
+from rankscope.coordinator.logic.detectors.common import MAX_EVIDENCE_RANKS, crc_hex
 from rankscope.coordinator.logic.detectors.named import PARAM_START
-from rankscope.wire.records import NO_CRC
 from rankscope.wire.spans import rank_span
 
 _NORM_PART = re.compile(r"norm(?!al)|^ln(_\w+|\d*)$", re.IGNORECASE)
@@ -58,32 +57,12 @@ def is_embedding_param(name: str) -> bool:
     return bool(_EMBED.search(name))
 
 
-def _keyed_groups(key: np.ndarray) -> list[np.ndarray]:
-    out = []
-    for k in np.unique(key[key >= 0]):
-        rows = np.flatnonzero(key == k)
-        if rows.shape[0] >= 2:
-            out.append(rows)
-    return out
-
-
 def tensor_parallel_groups(view: StepView) -> list[np.ndarray]:
-    """Rows of each (data replica, stage) holding two or more tensor-parallel shards."""
-    sets = view.sets
-    if sets is None or sets.whole or sets.stage_of is None:
-        return []
-    span = int(sets.stage_of.max()) + 1
-    return _keyed_groups(np.where((sets.data_index >= 0) & (sets.stage_of >= 0),
-                                  sets.data_index * span + sets.stage_of, -1))
+    return [] if view.sets is None else view.sets.tensor_parallel_groups()
 
 
 def pipeline_groups(view: StepView) -> list[np.ndarray]:
-    """Rows of each data replica that span two or more stages."""
-    sets = view.sets
-    if sets is None or sets.whole or sets.stage_of is None:
-        return []
-    groups = _keyed_groups(np.where((sets.data_index >= 0) & (sets.stage_of >= 0), sets.data_index, -1))
-    return [g for g in groups if np.unique(sets.stage_of[g]).shape[0] >= 2]
+    return [] if view.sets is None else view.sets.pipeline_groups()
 
 
 @dataclass(frozen=True)
@@ -145,8 +124,7 @@ class Copies:
         cause = (f"{name} is copied on {self.across} and the copies differ after an update: its gradient is not "
                  f"summed across {self.summed} ({where}); {self.missing}")
         crc = view.crc[:, col]
-        by_rank = {str(int(view.ranks[r])): None if crc[r] == NO_CRC else f"{int(crc[r]):08x}"
-                   for r in rows[:MAX_EVIDENCE_RANKS]}
+        by_rank = {str(int(view.ranks[r])): crc_hex(crc[r]) for r in rows[:MAX_EVIDENCE_RANKS]}
         copy_groups = [sorted(int(view.ranks[r]) for r in g if view.present[r, col]) for g in groups][:64]
         for f in open_:
             systematic.mark(f.verdict, self.rule, agree, f"across {self.across} ({where})", first_step, cause=cause)

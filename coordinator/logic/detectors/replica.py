@@ -33,6 +33,7 @@ import numpy as np
 from rankscope.coordinator.logic.aligner import StepView
 from rankscope.coordinator.logic.detectors.common import (
     MAX_EVIDENCE_RANKS,
+    crc_hex,
     first_flagged,
     kind_mask,
     make_verdict,
@@ -276,13 +277,12 @@ class ReplicaDetector:
         crc = view.crc[:, col]
         evidence = {
             "rule": rule, "majority": majority, "agreeing_ranks": count, "compared_ranks": total,
-            "crc32": None if crc[row] == NO_CRC else f"{int(crc[row]):08x}",
-            "majority_crc32": None if crc[ref_row] == NO_CRC else f"{int(crc[ref_row]):08x}",
+            "crc32": crc_hex(crc[row]), "majority_crc32": crc_hex(crc[ref_row]),
             "stats": stats_dict(view, row, col), "majority_stats": stats_dict(view, ref_row, col),
             "deviating_ranks": sorted(int(view.ranks[r]) for r in deviants)[:MAX_EVIDENCE_RANKS],
             "columns_differing": int(dev.any(axis=0).sum()),
             # Every compared rank's checksum (flagged ranks first), so a reader sees the groups.
-            "crc32_by_rank": {str(int(view.ranks[r])): None if crc[r] == NO_CRC else f"{int(crc[r]):08x}"
+            "crc32_by_rank": {str(int(view.ranks[r])): crc_hex(crc[r])
                               for r in list(dict.fromkeys([row, *deviants, *compared]))[:MAX_EVIDENCE_RANKS]},
         }
         if rows is not None:
