@@ -9,7 +9,7 @@ HASH := $(shell cat pyproject.toml Makefile | cksum | cut -d' ' -f1)
 TESTED_MINDSPORE := mindspore==2.10.0
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-fast bench lint clean install venv system-deps
+.PHONY: demo test test-fast docs-check bench lint clean install venv system-deps
 
 # Debian tools some tests drive: headless Chromium renders report.html for the DOM test,
 # shellcheck checks the deploy scripts, a one-node Slurm cluster (munge, slurmctld, slurmd)
@@ -66,10 +66,18 @@ demo: venv
 	@$(MAKE) --no-print-directory $(VENV)/.installed-demo-$(HASH)
 	$(VENV)/bin/rankscope demo --export-dir demo-out
 
-# Unit tests, a real local Ray, real sockets, and a few real msrun jobs end to end.
+# Unit tests, a real local Ray, real sockets, and a few real msrun jobs end to end. The
+# documentation site is built first: --strict fails on a broken link, a missing anchor or
+# a page left out of the nav, so the docs break the build as code does.
 test: venv system-deps
 	@$(MAKE) --no-print-directory $(VENV)/.installed-test-$(HASH)
+	@$(MAKE) --no-print-directory docs-check
 	$(PY) -m pytest -q -rs --durations=25 $(PYTEST_ARGS)
+
+# The site goes inside .venv/ (ignored, and removed by `make clean`); only the build's
+# verdict matters here. NO_MKDOCS_2_WARNING silences Material's banner about its successor.
+docs-check:
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet --site-dir $(VENV)/site
 
 system-deps:
 	@missing=""; for tp in $(SYSTEM_TOOLS); do command -v $${tp%%:*} >/dev/null 2>&1 || missing="$$missing $${tp#*:}"; done; \

@@ -6,7 +6,7 @@ the kernel dump; a NaN in one rank's batch must be traced to that rank, that ste
 the first kernel that met it, and ``rankscope collect`` must gather that step's kernel
 tensors from every rank in msProbe's static-graph L2 layout. The job
 (tests/e2e/jobs/graph_dp.py) knows nothing about rankscope; its other styles
-(nn.TrainOneStepCell, Model.train) are run by hand (see the README's GRAPH-mode section)
+(nn.TrainOneStepCell, Model.train) are run by hand (see docs/reference/watch.md, compiled code)
 to keep CI short. One more job (tests/e2e/jobs/jit_dp.py) trains the way MindSpore 2.x's
 tutorials do: PyNative with an @ms.jit train step.
 """

@@ -1,10 +1,10 @@
-"""End to end: two msrun "nodes" of 2 ranks on one machine, through the README's own
+"""End to end: two msrun "nodes" of 2 ranks on one machine, through the documented
 multi-node commands (Ray head, coordinator, one agent per node with its own --host,
 ``launch --agent`` per node). The fault is on the second node: rank 3's local gradients
 x50 at step 5. The coordinator must name it, with all four bundles and one job-wide
 rank map whose hosts are what the agents were told.
 
-The shell block is read from README.md and run as is, so the documented sequence is
+The shell block is read from docs/howto/multi-node.md and run as is, so the documented sequence is
 the tested one; the test only picks free ports, a work directory and the fault, and
 gives the run its own Ray token (never the machine's Ray or its ~/.ray token).
 """
@@ -26,18 +26,21 @@ from repo_paths import REPO
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
 
-def readme_two_node_block() -> str:
-    text = (REPO / "README.md").read_text()
-    section = text[text.index("### Two nodes on one machine"):]
+MULTI_NODE_PAGE = REPO / "docs" / "howto" / "multi-node.md"
+
+
+def documented_two_node_block() -> str:
+    text = MULTI_NODE_PAGE.read_text()
+    section = text[text.index("## Two nodes on one machine"):]
     block = re.search(r"```sh\n(.*?)```", section, re.S)
-    assert block, "README's two-node section has no sh block"
+    assert block, f"{MULTI_NODE_PAGE.relative_to(REPO)}'s two-node section has no sh block"
     return block.group(1)
 
 
 
 
-def run_readme_block(work: Path, fault: str | None) -> tuple[subprocess.Popen, str]:
-    """The README's two-node block as is, with free ports and ``fault`` (None: a clean run)."""
+def run_documented_block(work: Path, fault: str | None) -> tuple[subprocess.Popen, str]:
+    """The documented two-node block as is, with free ports and ``fault`` (None: a clean run)."""
     bindir = str(Path(sys.executable).parent)  # rankscope, ray and msrun of this venv
     env = dict(os.environ, PATH=os.pathsep.join([bindir, os.environ.get("PATH", "")]),
                W=str(work), TRAIN_SCRIPT=str(REPO / "examples" / "train_dp.py"), JOB="two-nodes-e2e",
@@ -48,7 +51,7 @@ def run_readme_block(work: Path, fault: str | None) -> tuple[subprocess.Popen, s
     env.pop("TRAIN_FAULT", None)
     if fault:
         env["TRAIN_FAULT"] = fault
-    proc = subprocess.Popen(["bash", "-c", readme_two_node_block()], cwd=REPO, env=env, text=True,
+    proc = subprocess.Popen(["bash", "-c", documented_two_node_block()], cwd=REPO, env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         out, _ = proc.communicate(timeout=540)
@@ -64,7 +67,7 @@ HOSTS = {0: "node0", 1: "node0", 2: "node1", 3: "node1"}
 
 
 def test_a_fault_on_the_second_node_is_named_with_every_bundle_and_the_told_hosts(short_tmp):
-    _, explain = run_readme_block(short_tmp, "scale_grad:3:5")
+    _, explain = run_documented_block(short_tmp, "scale_grad:3:5")
     inc, rows = grad_incident(short_tmp / "out" / "incidents", 3, 5, 4, explain)
     assert {r["assigned_rank"]: r["host"] for r in rows} == HOSTS, rows
 
@@ -77,13 +80,13 @@ def test_a_fault_on_the_second_node_is_named_with_every_bundle_and_the_told_host
     ("kill:2:4", "progress", 2, 4),
 ])
 def test_other_faults_across_two_nodes_name_the_origin(short_tmp, fault, detector, rank, step):
-    _, explain = run_readme_block(short_tmp, fault)
+    _, explain = run_documented_block(short_tmp, fault)
     _, rows = named_incident(short_tmp / "out" / "incidents", detector, rank, step, 4, explain)
     assert {r["assigned_rank"]: r["host"] for r in rows} == HOSTS, rows
 
 
 def test_a_clean_two_node_run_has_no_incident_and_every_rank_watched(short_tmp):
-    proc, explain = run_readme_block(short_tmp, None)
+    proc, explain = run_documented_block(short_tmp, None)
     assert not list((short_tmp / "out").glob("incidents/*/incident.json")), explain
     # The block's `rankscope status`: no incident, and said of every step of every rank.
     lines = explain.splitlines()

@@ -1,6 +1,6 @@
 """``rankscope bench ingest`` end to end at a small size: separate sender processes, real
 sockets, a real coordinator actor; the injected divergence is found on the right rank
-and step, and the last line is the JSON the README quotes. No speed assertions here
+and step, and the last line is the JSON summary. No speed assertions here
 (the figures are printed by the bench itself)."""
 from __future__ import annotations
 
