@@ -97,6 +97,9 @@ class ClientIO:
             threading.Thread(target=transfers.run_export, daemon=True, name="rankscope-export",
                              args=(self.c.outbox, self.c.on_export, incident, transfer,
                                    rank_to_wire(self.c.rank))).start()
+        elif cmd == "capture":
+            if self.c.captures is not None:
+                self.c.captures.arm(args, self.c.rank)
         elif cmd == "collect":
             rank = self.c.rank
             threading.Thread(target=transfers.run_collect, daemon=True, name="rankscope-collect",

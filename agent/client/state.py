@@ -12,7 +12,7 @@ import queue
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable
 
 from rankscope.client.claim import RankClaim
 from rankscope.probe.gate import StepGate
@@ -57,6 +57,9 @@ class ClientState:
     #: Training thread -> I/O thread (under ``lock``): a STATUS body that must go out
     #: before any step queued after it (the layout facts the coordinator waits for).
     first: dict | None = None
+    #: The probe's rankscope.probe.capture.Captures, once a step has ended: the I/O thread
+    #: hands it the capture requests naming this rank.
+    captures: Any = None
 
     @property
     def rank(self) -> int | None:

@@ -20,6 +20,7 @@ from rankscope.dump.retention import DumpRetention, RetentionPolicy
 from rankscope.dump.writer import DumpWriter
 from rankscope.probe.probe_clock import CLOCK
 from rankscope.probe import agent_link, layout_probe, rerun
+from rankscope.probe.capture import Captures
 from rankscope.probe.collectives import CollectiveHooks
 from rankscope.probe.gate import RankscopeTerminated, StepGate
 from rankscope.probe.graph_watch import GraphWatch, graph_mode
@@ -75,6 +76,7 @@ class PrecisionDebugger:
         self.recorder = Recorder(task=cfg.task, summary_mode=cfg.summary_mode, data_mode=cfg.data_mode,
                                  scope=cfg.scope, api_list=cfg.list, write_tensor=self.writer.write_tensor,
                                  log_error=self.writer.log_error, rank_label=lambda: self._label)
+        self.captures = self.recorder.capture = Captures(lambda: self.rank, lambda: cfg.dump_path)
         self.cells = CellHooks(self.recorder)
         self.apis = ApiHooks(self.recorder)
         self.sentinels = Sentinels(self.recorder)
@@ -171,7 +173,9 @@ class PrecisionDebugger:
                          "got none, so this dump has no Cell data: pass the network, as msProbe requires")
             self._started_in_step = False
             self._guard("kernel rows", self.graph.collect)
+            self.captures.link(self.client)
             self._flush(done)
+            self.captures.end_step()  # after the flush, which reads the rows still queued
             self.current_step += 1
             self.recorder.step = self.current_step
             self._write_position(self.current_step, NO_TOKEN)
@@ -187,6 +191,7 @@ class PrecisionDebugger:
             self._guard("watch report", self.graph.step_ended)
             self._update_dumping()
         self.gate.at_step_boundary(done)
+        self.captures.begin_step(self.current_step)  # what was asked for while it stood at the boundary
 
     def set_init_step(self, step: int) -> None:
         if isinstance(step, bool) or not isinstance(step, int) or step < 0:

@@ -144,6 +144,8 @@ class VitalSigns:
         i0, s0 = self.rotation_index(opt)
         due_p = [p for i, p in enumerate(wp) if due(i0 + i, self.step, self.budget.every)]
         due_s = [p for i, p in enumerate(sp) if due(s0 + i, self.step, self.budget.every)] if with_state else []
+        self._offer("Sentinel.param.", wp)
+        self._offer("Sentinel.opt_state.", sp)
         self._rows("Sentinel.param.", Kind.PARAM, due_p)
         self._rows("Sentinel.opt_state.", Kind.OPT_STATE, due_s)
 
@@ -151,8 +153,19 @@ class VitalSigns:
         """Fingerprints after the update of the weight pieces the next step starts with."""
         wp, _ = self.pieces_of(opt, params, state)
         i0, _ = self.rotation_index(opt)
+        self._offer("Sentinel.param_end.", wp)
         self._rows("Sentinel.param_end.", Kind.PARAM,
                    [p for i, p in enumerate(wp) if due(i0 + i, self.step + 1, self.budget.every)])
+
+    def _offer(self, prefix: str, pieces: list[Piece]) -> None:
+        """Every piece, due or not, to a capture asked for this step (its values, not its
+        fingerprint: a weight out of this step's rotation is still there to read)."""
+        cap = self.rec.capture
+        if cap is not None and cap.active:
+            if not self.device_side:
+                wait_for_device()  # a kept view is read without asnumpy's own wait
+            for p in pieces:
+                cap.offer(prefix + p.name, p.tensor)
 
     def _rows(self, prefix: str, kind: Kind, pieces: list[Piece]) -> None:
         if not pieces:
@@ -183,8 +196,11 @@ class VitalSigns:
         recorder's one-readback device statistics take the gradients instead."""
         if not isinstance(grads, (tuple, list)):
             grads = (grads,)
+        cap = self.rec.capture if self.rec.capture is not None and self.rec.capture.active else None
         for i, g in enumerate(grads):
             name = names[i] if i < len(names) else str(i)
+            if cap is not None:
+                cap.offer(f"{prefix}.{name}", g)
             if self.device_side:
                 self.rec.row(f"{prefix}.{name}", kind, g, crc=False)
                 continue

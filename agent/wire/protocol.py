@@ -25,7 +25,7 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from rankscope.wire import layout_facts, rerun_facts
+from rankscope.wire import capture_values, layout_facts, rerun_facts
 from rankscope.wire.columns import MAX_KIND, STEP_COLS, STEP_TAIL, check_names, pack_steps, unpack_steps
 from rankscope.wire.errors import ProtocolError
 from rankscope.wire.records import StepBatch
@@ -52,7 +52,7 @@ BUNDLE_CHUNK = "bundle_chunk"  # rank/agent -> coordinator
 CONTROL = "control"  # coordinator -> agent -> rank
 STATUS = "status"  # any -> any, free-form small report (e.g. control acknowledged)
 
-CONTROL_COMMANDS = frozenset({"pause", "resume", "step", "terminate", "export", "collect", "stacks"})
+CONTROL_COMMANDS = frozenset({"pause", "resume", "step", "terminate", "export", "collect", "stacks", "capture"})
 
 _NUMERIC_KINDS = frozenset("biuf")  # bool, signed, unsigned, float; never object/str/void
 _INT = (int,)
@@ -270,6 +270,8 @@ class Decoder:
             layout_facts.check_detail(body.get("detail"))
         elif mtype == STATUS and body["what"] == rerun_facts.WHAT:
             rerun_facts.check_detail(body.get("detail"))
+        elif mtype == STATUS and body["what"] == capture_values.WHAT:
+            capture_values.check_detail(body.get("detail"))
         elif mtype in (HEARTBEAT, RANK_LOST) and body.get("sync") is not None \
                 and SyncPoint.from_wire(body["sync"]) is None:
             raise ProtocolError("bad_field", f"{mtype}.sync is not a sync point")

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rankscope.wire.errors import ProtocolError
+from rankscope.wire.errors import ProtocolError, check_map
 from rankscope.wire.watch_line import GRAPH, JIT
 
 WHAT = "rerun"
@@ -45,18 +45,8 @@ _REQUIRED = ("rank", "step", "outcome", "trigger")
 
 def check_detail(detail: Any) -> dict[str, Any]:
     """The detail as sent, checked field by field (every error names the field)."""
-    if not isinstance(detail, dict):
-        raise ProtocolError("bad_field", "status.rerun needs a detail map")
-    for key in detail:
-        if key not in _FIELDS:
-            raise ProtocolError("bad_field", f"status.rerun.{key!s:.40} is not a known field")
-    for key in _REQUIRED:
-        if key not in detail:
-            raise ProtocolError("missing_field", f"status.rerun.{key}")
+    check_map(detail, "status.rerun", _FIELDS, _REQUIRED)
     for key, val in detail.items():
-        want = _FIELDS[key]
-        if isinstance(val, bool) != (want is bool) or not isinstance(val, want):
-            raise ProtocolError("bad_field", f"status.rerun.{key} is {type(val).__name__}")
         if isinstance(val, str) and len(val) > MAX_TEXT:
             raise ProtocolError("bad_field", f"status.rerun.{key} is longer than {MAX_TEXT}")
         if key in ("rank", "step") and val < 0:

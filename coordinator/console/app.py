@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +34,7 @@ KEEPALIVE_S = 5.0
 #: Files of the export folder run in a sandbox: a report (or anything else put there) must
 #: not act as this console's page, which holds the token.
 _FILE_HEADERS = {"Content-Security-Policy": "sandbox", "X-Content-Type-Options": "nosniff"}
-_ASSETS = {"console.js": "application/javascript", "console.css": "text/css"}
+_ASSETS = {"console.js": "application/javascript", "values.js": "application/javascript", "console.css": "text/css"}
 
 
 #: POSTs that change nothing in the job (their body is too large for a query string): a
@@ -63,6 +64,30 @@ class Hub:
             pass
 
 
+class Recent:
+    """Answers of the coordinator kept for ``ttl_s`` by what was asked: many pages asking
+    the same thing within an interval cost the coordinator one read, as the snapshots do."""
+
+    MAX = 64
+
+    def __init__(self, ttl_s: float, clock: Any = time.monotonic) -> None:
+        self.ttl_s, self.clock = ttl_s, clock
+        self._kept: dict[tuple, tuple[float, bytes]] = {}
+
+    def get(self, key: tuple) -> bytes | None:
+        got = self._kept.get(key)
+        return got[1] if got is not None and self.clock() - got[0] < self.ttl_s else None
+
+    def put(self, key: tuple, body: bytes) -> bytes:
+        if len(self._kept) >= self.MAX:
+            now = self.clock()
+            self._kept = {k: v for k, v in self._kept.items() if now - v[0] < self.ttl_s}
+            if len(self._kept) >= self.MAX:
+                self._kept.clear()
+        self._kept[key] = (self.clock(), body)
+        return body
+
+
 class ConsoleApp:
     def __init__(self, backend: Any, feed: Feed, token: str, export_dir: Path | None, read_only: bool = False,
                  job: str | None = None) -> None:
@@ -73,6 +98,7 @@ class ConsoleApp:
         self.streams = 0
         self.closing = False
         self.cookie = auth.cookie_name(token)
+        self.reads = Recent(feed.interval_s)
 
     # --- wiring -------------------------------------------------------------------------
     def build(self) -> web.Application:
@@ -86,6 +112,8 @@ class ConsoleApp:
         app.router.add_post("/api/control/{verb}", self.control)
         app.router.add_post("/api/watchpoints", self.watchpoints)
         app.router.add_post("/api/recheck", self.recheck)
+        app.router.add_post("/api/capture", self.capture)
+        app.router.add_get("/api/capture", self.captured)
         app.router.add_get("/files/{path:.+}", self.file)
         app.on_startup.append(self._started)
         return app
@@ -179,7 +207,11 @@ class ConsoleApp:
 
     async def tensors(self, request: web.Request) -> web.Response:
         args = {"group": request.query.get("group", ""), "step": _int_arg(request, "step")}
-        return _json(await self._call(self.backend.console, "tensors", args))
+        key = ("tensors", args["group"], args["step"])
+        body = self.reads.get(key)
+        if body is None:  # pages open on one step ask the coordinator once an interval
+            body = self.reads.put(key, encode(await self._call(self.backend.console, "tensors", args)))
+        return web.Response(body=body, content_type="application/json")
 
     async def tensor(self, request: web.Request) -> web.Response:
         ranks = request.query.get("ranks", "")
@@ -216,6 +248,31 @@ class ConsoleApp:
     async def recheck(self, request: web.Request) -> web.Response:
         body = await _body(request)
         return _json(await self._call(self.backend.console, "recheck", {"rules": body.get("rules")}))
+
+    async def capture(self, request: web.Request) -> web.Response:
+        """Ask ranks for a tensor's values at their next step (a control: it changes what
+        the ranks write)."""
+        body = await _body(request)
+        args: dict[str, Any] = {"job": self.job} if self.job else {}
+        args.update(tensor=body.get("tensor"), ranks=body.get("ranks"))
+        answer = await self._call(self.backend.control, "capture", args)
+        self.feed.want()
+        return _json(answer)
+
+    async def captured(self, request: web.Request) -> web.Response:
+        """The kept captures (no ``id``), or one capture's window: ``a``, ``b`` (ranks),
+        ``index`` (comma-separated, the leading dimensions), ``row``, ``col``."""
+        args: dict[str, Any] = {}
+        if request.query.get("id"):
+            args["id"] = request.query["id"]
+            for key in ("a", "b", "row", "col"):
+                args[key] = _int_arg(request, key)
+            raw = request.query.get("index", "")
+            try:
+                args["index"] = [int(i) for i in raw.split(",") if i.strip()] if raw else None
+            except ValueError:
+                raise ValueError(f"index: {raw!r} must be comma-separated integers") from None
+        return _json(await self._call(self.backend.console, "capture", args))
 
     async def file(self, request: web.Request) -> web.StreamResponse:
         """A file of the export folder (an incident's report.html and what it links)."""

@@ -12,6 +12,8 @@ import threading
 import time
 from typing import Any, Callable
 
+from rankscope.coordinator.console.priority import yield_cpu
+
 #: Seconds between two snapshots while a page is open.
 INTERVAL_S = 1.0
 #: A page that asked within this many seconds still counts as open (an event stream
@@ -45,6 +47,7 @@ class Feed:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._error: str | None = None
+        self._pending: Any = None  # an offered snapshot the feed's thread has not encoded yet
 
     def want(self) -> None:
         """A page is open: keep snapshots coming (and take one now if none is fresh)."""
@@ -61,11 +64,24 @@ class Feed:
         with self._lock:
             return self.version, self.data
 
-    def offer(self, value: Any) -> bool:
+    def offer(self, value: Any) -> None:
         """A snapshot read by someone else (the launch's own poll): published as if read
-        here, and the feed's own reads pause while such offers keep coming."""
+        here, and the feed's own reads pause while such offers keep coming. Encoded on the
+        feed's thread, which yields the CPU to the job (rankscope.coordinator.console.priority),
+        not on the caller's."""
         self._offered_at = self.clock()
-        return self._publish(encode(value))
+        if self._thread is None or not self._thread.is_alive():
+            self._publish(encode(value))
+            return
+        with self._lock:
+            self._pending = value
+        self._wake.set()
+
+    def _publish_offered(self) -> None:
+        with self._lock:
+            value, self._pending = self._pending, None
+        if value is not None:
+            self._publish(encode(value))
 
     def poll_once(self) -> bool:
         """Read one snapshot; True when it differs from the last one."""
@@ -102,9 +118,12 @@ class Feed:
         return max(self.interval_s, self.last_read_s / MAX_SHARE)
 
     def _run(self) -> None:
+        yield_cpu()
         while not self._stop.is_set():
+            self._publish_offered()
             if self.clock() - self._offered_at <= 2 * self.wait_s():
-                self._stop.wait(self.wait_s())  # the launch's own poll is feeding the pages
+                self._wake.wait(self.wait_s())  # the launch's own poll is feeding the pages
+                self._wake.clear()
             elif self.wanted():
                 self.poll_once()
                 self._stop.wait(self.wait_s())

@@ -12,6 +12,7 @@ from typing import Any
 from rankscope.coordinator.console import auth
 from rankscope.coordinator.console.app import ConsoleApp
 from rankscope.coordinator.console.feed import Feed
+from rankscope.coordinator.console.priority import yield_cpu
 from rankscope.coordinator.console.view import page_snapshot
 from rankscope.coordinator.server.service_console import GRID_STEPS
 
@@ -73,9 +74,14 @@ class ConsoleServer:
         return self.url
 
     def _serve(self) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
         from aiohttp import web
+        yield_cpu()
         loop = self._loop = asyncio.new_event_loop()
         asyncio.set_event_loop(loop)
+        # The coordinator calls run here: they wait on the coordinator, at the same priority.
+        loop.set_default_executor(ThreadPoolExecutor(4, "rankscope-console-call", initializer=yield_cpu))
         try:
             self._runner = web.AppRunner(self.app.build(), access_log=None, handle_signals=False, shutdown_timeout=2.0)
             loop.run_until_complete(self._runner.setup())

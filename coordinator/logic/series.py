@@ -27,8 +27,10 @@ def _jsonable(a: np.ndarray, present: np.ndarray) -> list[float | str | None]:
 
 def _deviations(dev: np.ndarray, width: int) -> list[float | None]:
     """A step's deviation per rank as JSON: NONFINITE_DEVIATION for a rank with NaN/Inf,
-    None for one that sent nothing (a shorter row, from before ranks joined, is padded)."""
-    out: list[float | None] = [None if np.isnan(v) else float(v) if np.isfinite(v) else NONFINITE_DEVIATION
+    None for one that sent nothing (a shorter row, from before ranks joined, is padded).
+    Rounded to 4 decimals (a colour needs two): a grid of 256 ranks x 64 steps in full
+    precision is 340 KB of JSON that the console encodes every second."""
+    out: list[float | None] = [None if np.isnan(v) else round(float(v), 4) if np.isfinite(v) else NONFINITE_DEVIATION
                                for v in dev]
     return out + [None] * (width - len(out))
 

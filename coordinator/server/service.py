@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rankscope.coordinator.logic.captures import CaptureBook
 from rankscope.coordinator.logic.identities import JobIdentities
 from rankscope.coordinator.server.actions import ActionPerformer
 from rankscope.coordinator.server.frontend import Frontend, Handlers, Peer
@@ -21,7 +22,7 @@ from rankscope.coordinator.server.gc_pace import GcPacer
 from rankscope.coordinator.server.metrics import CoordinatorMetrics
 from rankscope.coordinator.server.service_console import ConsoleQueries
 from rankscope.coordinator.server.service_status import StatusReports
-from rankscope.wire import job_config, layout_facts, protocol, rerun_facts
+from rankscope.wire import capture_values, job_config, layout_facts, protocol, rerun_facts
 from rankscope.wire.layout import rank_from_wire
 from rankscope.wire.position import position_from_wire
 from rankscope.wire.protocol import Message
@@ -64,6 +65,7 @@ class CoordinatorService(StatusReports, ConsoleQueries, Handlers):
         self.frontend.greeting = job_config.body(self.job_config)
         self.actions = ActionPerformer(self.core, self.export_dir, self._send_control)
         self.collector = None  # rankscope.coordinator.server.dump_collect.DumpCollector, created on first collect
+        self.captures = CaptureBook()  # tensor values the console asked the ranks for
         self.last_judged_step = -1
         self.gc = GcPacer() if pace_gc else None
         self.judged_walls: collections.deque[tuple[int, float]] = collections.deque(maxlen=512)
@@ -171,6 +173,8 @@ class CoordinatorService(StatusReports, ConsoleQueries, Handlers):
             self.ingest.on_rank_finished(job, rank, step if step >= 0 else None)
         if what.startswith("collect") and self.collector is not None:
             self.collector.on_status(detail)
+        elif what == capture_values.WHAT:
+            self.captures.on_answer(detail)
 
     def on_tick(self, now: float) -> None:
         if self.link is not None:
@@ -277,6 +281,8 @@ class CoordinatorService(StatusReports, ConsoleQueries, Handlers):
         job = args.pop("job", None) or self.job or self.core.only_job()
         if command == "collect":
             return self._start_collect(job, args)
+        if command == "capture":
+            return self._start_capture(job, args)
         n = args.get("n")
         before = {d["incident_id"] for d in self.core.incidents()}
         actions = self.core.operator(command, job, n)  # validates; routes resume/terminate via the incident
@@ -288,6 +294,18 @@ class CoordinatorService(StatusReports, ConsoleQueries, Handlers):
             out["incident"] = new[0]["incident_id"]
             out["dir"] = new[0].get("dir")
         return out
+
+    def _start_capture(self, job: str, args: dict) -> dict:
+        req = capture_values.check_request(args)
+        known = set(self.rank_states(job))
+        unknown = [r for r in req["ranks"] if r not in known]
+        if unknown:
+            raise ValueError(f"capture: job {job!r} has no rank {', '.join(map(str, unknown))}")
+        entry = self.captures.open(req["tensor"], req["ranks"], time.time())
+        sent = self._send_control("capture", job=job, args={"id": entry["id"], "tensor": req["tensor"],
+                                                            "ranks": req["ranks"]})
+        return {"command": "capture", "job": job, "capture": entry["id"], "tensor": req["tensor"],
+                "ranks": req["ranks"], "sent_to_agents": sent}
 
     def _start_collect(self, job: str, args: dict) -> dict:
         from rankscope.coordinator.server.dump_collect import (

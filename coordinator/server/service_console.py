@@ -11,7 +11,7 @@ GRID_STEPS = 64
 #: Newest verdicts a snapshot lists (each detector's repeats are already held back).
 MAX_VERDICTS = 200
 #: What :meth:`ConsoleQueries.console` answers.
-QUERIES = ("snapshot", "tensors", "tensor", "watchpoints", "recheck")
+QUERIES = ("snapshot", "tensors", "tensor", "watchpoints", "recheck", "capture")
 
 
 class ConsoleQueries:
@@ -67,6 +67,23 @@ class ConsoleQueries:
             step = views[-1].step if views else 0
         return recent.tensor_window(group, name, step, [r for r in args.get("ranks") or [] if isinstance(r, int)],
                                     before=recent.keep_steps, after=recent.keep_steps)
+
+    def _console_capture(self, args: dict) -> dict:
+        """Every kept capture (no ``id``), or one with the window ``a``, ``b``, ``index``,
+        ``row``, ``col`` choose (rankscope.coordinator.logic.captures)."""
+        cid = args.get("id")
+        if cid is None:
+            return {"captures": self.captures.rows()}  # type: ignore[attr-defined]
+        if not isinstance(cid, str):
+            raise ValueError(f"console capture: args.id must be a capture id, got {cid!r:.40}")
+        index = args.get("index")
+        if index is not None and not (isinstance(index, list) and all(isinstance(i, int) for i in index)):
+            raise ValueError(f"console capture: args.index must list integers, got {index!r:.60}")
+        for key in ("a", "b", "row", "col"):
+            if args.get(key) is not None and (not isinstance(args[key], int) or isinstance(args[key], bool)):
+                raise ValueError(f"console capture: args.{key} must be an integer, got {args[key]!r:.40}")
+        return self.captures.view(cid, args.get("a"), args.get("b"), index,  # type: ignore[attr-defined]
+                                  args.get("row") or 0, args.get("col") or 0)
 
     def _set_watchpoints(self, rules: list[dict]) -> dict:
         self.core.set_watchpoints(rules)

@@ -4,7 +4,9 @@ One job, ``rankscope launch --console``: the grid fills as steps are judged; the
 verdict shows on the page within 2 s of the terminal's line; the page's Step 1 and
 Resume drive the divergence-paused job and ``rankscope status`` agrees; Pause pauses it;
 a watchpoint made on the page fires on a later step; the model tree and a tensor's
-ranks side by side with a two-rank difference; Terminate (confirmed) ends it. Without the
+ranks side by side with a two-rank difference; its values captured on a paused job (Capture
+values, then Step) on two ranks, with their difference as a heat map; Terminate (confirmed)
+ends it. Without the
 token the console serves nothing about the job.
 """
 from __future__ import annotations
@@ -170,6 +172,32 @@ def test_console_drives_a_real_job(tmp_path):
             alike = page.locator("#tensor-table tr.median td").all_inner_texts()
             assert alike and all(t == "3 / 1" for t in alike), alike
             assert page.locator("#diff-table td.split").count() == len(alike), body.inner_html()[:3000]
+
+            # The weight's values on a paused job: asked for on ranks 0 and 1, Step 1, and
+            # the two ranks' values show with their difference (rank 1's were nudged).
+            page.get_by_role("button", name="Pause").click()
+            _wait("a paused job", lambda: _states(_status(job)) == {"paused"}, proc, log, 60, every=1.0)
+            paused_at = max(v["step"] for v in _status(job)["ranks"].values())
+            page.fill("#capture-ranks", "0,1")
+            page.get_by_role("button", name="Capture values").click()
+            _wait("the capture asked", lambda: "waiting for rank(s) 0, 1" in page.locator("#capture-out").inner_text(),
+                  proc, log, 30)
+            page.get_by_role("button", name="Step", exact=True).click()
+            _wait("the captured values", lambda: page.locator("#capture-diff").count() == 1, proc, log, 60)
+            summary = page.locator("#capture-summary").inner_text()
+            m3 = re.match(r"(\d+) of (\d+) values differ between rank 0 and rank 1", summary)
+            assert m3 and 0 < int(m3.group(1)) <= int(m3.group(2)), summary
+            assert page.locator("#capture-values-a tr").count() > 1 and page.locator("#capture-values-b tr").count() > 1
+            answers = page.locator("#capture-answers").inner_text()
+            steps = [int(s) for s in re.findall(r"rank [01]: step (\d+), shape", answers)]
+            assert len(steps) == 2 and steps[0] == steps[1] > paused_at - 1, (answers, paused_at)
+            page.get_by_role("button", name="show it").click()
+            _wait("the window at the largest difference", lambda: page.locator("#capture-diff").count() == 1 and
+                  page.locator("#capture-diff td[style*='rgb(198,40,40)'], #capture-diff td[style*='rgb(21,101,192)']"
+                               ).count() >= 1, proc, log, 30)
+            page.locator("#capture-diff").scroll_into_view_if_needed()
+            _shot(page, "console-values")
+            assert not errors, errors
 
             # The other terminal's console: its own token, read-only, the same job.
             line = other.stdout.readline()

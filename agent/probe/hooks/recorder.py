@@ -96,6 +96,9 @@ class Recorder(GradHooks):
         #: The Cells' parameters and parameter gradients are left to the sentinels once an
         #: optimizer is stepping (the default tier under launch, rankscope.probe.vital).
         self.lean_cells = False
+        #: Values asked for at this step (rankscope.probe.capture.Captures): every queued
+        #: tensor is offered by its record name while one is.
+        self.capture: Any = None
         #: Called when a hooked root model's forward begins (the step's start in loops
         #: that never call start() per step).
         self.on_step_start: Callable[[], None] | None = None
@@ -193,8 +196,11 @@ class Recorder(GradHooks):
         """Compute every queued tensor's stats, in record order (one pipeline drain)."""
         pending, self._pending = self._pending, []
         on_device = self._device_rows(pending) if self.device_side and pending else {}
+        cap = self.capture if self.capture is not None and self.capture.active else None
         for idx, (name, kind, value, crc, entry, st) in enumerate(pending):
             try:
+                if cap is not None and value is not None:
+                    cap.offer(name, value)
                 if st is None:
                     st = on_device.get(idx) or tensor_stats(value, crc)
                 elif callable(st):  # computed now, in record order (rankscope.probe.vital)

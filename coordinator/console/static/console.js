@@ -301,9 +301,9 @@
       el("p", {}, "statistic ", pickStat),
       el("table", {id: "tensor-table"}, head, ...rows, med),
       stat === "crc32" ? el("p", {class: "muted"}, "The default watch keeps each weight's fingerprint (bit-exact), not its statistics: replicas must agree; --watch full records Max/Min/Mean/Norm.") : curve(w, fi(stat)),
-      el("p", {}, "difference ", a, " − ", b), diff,
-      el("p", {class: "muted"}, "Element values are not kept by the coordinator: `rankscope collect --steps S --ranks A,B` writes the ranks' dumps of a step."));
+      el("p", {}, "difference ", a, " − ", b), diff, el("div", {id: "capture-box"}));
     if (w.ranks.length > 1) drawDiff();
+    window.RANKSCOPE_VALUES.mount($("capture-box"), {tensor: w.tensor, ranks: w.ranks, api, el, notice, fmt, mix});
   }
 
   function curve(w, k) {

@@ -24,6 +24,7 @@ class StandIn:
 
     def __init__(self, export_dir: Path) -> None:
         self.reads = 0
+        self.tree_reads = 0
         self.controls: list[tuple[str, dict]] = []
         self.rules: list = []
         self.fail: Exception | None = None
@@ -38,6 +39,8 @@ class StandIn:
                     "grid": {"g": {"ranks": [0], "steps": [1, 2], "deviation": [[0.0], [0.1]]}},
                     "incidents": [{"incident_id": "inc-1", "dir": str(self.inc_dir), "step": 2}],
                     "watchpoints": self.rules}
+        if what == "tensors":
+            self.tree_reads += 1
         if what == "watchpoints":
             if not isinstance(args.get("rules"), list):
                 raise ValueError("console watchpoints: args.rules must be a list of watchpoint rules")
@@ -182,6 +185,28 @@ def test_malformed_requests_get_a_4xx_naming_what_was_wrong(served):
     assert request(server, "GET", "/?token=" + server.token)[0] == 200
 
 
+def test_capture_is_a_control_and_its_window_a_read(served):
+    backend, start = served
+    server, _ = start()
+    status, _, body = act(server, "/api/capture", {"tensor": "Sentinel.loss", "ranks": [0, 1]})
+    assert status == 200 and backend.controls == [("capture", {"tensor": "Sentinel.loss", "ranks": [0, 1]})]
+    # The window's arguments travel as integers; a malformed one is a 400 naming it.
+    status, _, body = request(server, "GET", "/api/capture?id=cap-1&a=0&b=1&index=2,3&row=4&token=" + server.token)
+    assert status == 200
+    assert json.loads(body) == {"what": "capture", "id": "cap-1", "a": 0, "b": 1, "row": 4, "col": None,
+                                "index": [2, 3]}
+    for query, text in (("id=cap-1&index=1,x", b"index: '1,x'"), ("id=cap-1&a=one", b"a: 'one' is not an integer")):
+        status, _, body = request(server, "GET", f"/api/capture?{query}&token={server.token}")
+        assert status == 400 and text in body, query
+    # Cross-site and read-only consoles may not ask the ranks to write anything.
+    status, _, _ = act(server, "/api/capture", {"tensor": "x", "ranks": [0]}, Origin="http://evil.example:80")
+    assert status == 403
+    ro, _ = start(read_only=True)
+    status, _, body = act(ro, "/api/capture", {"tensor": "x", "ranks": [0]})
+    assert status == 403 and b"read-only" in body
+    assert len(backend.controls) == 1
+
+
 def test_read_only_console_refuses_every_control(served):
     backend, start = served
     server, _ = start(read_only=True)
@@ -231,6 +256,21 @@ def test_many_open_pages_cost_the_coordinator_one_reader(served):
     for t in pages:
         t.join(5)
     assert len(got) == 20 and all(1 <= n <= 2 for n in got), got
+
+
+def test_pages_asking_one_step_s_tensors_cost_one_read_an_interval(served):
+    backend, start = served
+    server, _ = start()
+    server.app.reads.ttl_s = 60.0  # one interval for the whole test, however slow the machine
+    for _ in range(20):
+        status, _, body = request(server, "GET", f"/api/tensors?group=g&step=3&token={server.token}")
+        assert status == 200 and json.loads(body) == {"what": "tensors", "group": "g", "step": 3}
+    assert backend.tree_reads == 1
+    assert request(server, "GET", f"/api/tensors?group=g&step=4&token={server.token}")[0] == 200
+    assert backend.tree_reads == 2  # another step is another question
+    server.app.reads.ttl_s = 0.0
+    request(server, "GET", f"/api/tensors?group=g&step=3&token={server.token}")
+    assert backend.tree_reads == 3  # past the interval: read again
 
 
 def test_a_port_in_use_is_one_error_naming_it(served):

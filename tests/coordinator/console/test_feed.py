@@ -3,7 +3,11 @@ coordinator's failure shown once, nothing read while no page is open."""
 from __future__ import annotations
 
 import json
+import os
+import threading
 import time
+
+import pytest
 
 from rankscope.coordinator.console.feed import Feed
 
@@ -74,9 +78,34 @@ def test_offers_from_the_launchs_own_poll_stand_in_for_reads():
         for i in range(20):
             feed.offer({"offered": i})
             time.sleep(0.01)
+        deadline = time.monotonic() + 5.0  # encoded on the feed's own (lowest-priority) thread
+        while feed.latest()[1] != b'{"offered":19}' and time.monotonic() < deadline:
+            time.sleep(0.01)
         assert feed.latest()[1] == b'{"offered":19}'
         assert len(reads) <= 2  # at most the one before the first offer arrived
         clock.t += 11.0
         assert not feed.wanted()
     finally:
         feed.stop()
+
+
+@pytest.mark.skipif(not hasattr(os, "setpriority"), reason="thread priorities are Linux's")
+def test_the_console_s_threads_yield_the_cpu_and_the_process_s_others_do_not():
+    from rankscope.coordinator.console.priority import NICE
+    from rankscope.coordinator.console.server import ConsoleServer
+
+    class Backend:
+        def console(self, what, args):
+            return {"job": "j"}
+
+    before = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    server = ConsoleServer(Backend(), None, interval_s=0.05)
+    server.start()
+    try:
+        server.feed.want()
+        names = {"rankscope-console", "rankscope-console-feed"}
+        found = {t.name: os.getpriority(os.PRIO_PROCESS, t.native_id) for t in threading.enumerate() if t.name in names}
+        assert found == {n: NICE for n in names}
+        assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == before
+    finally:
+        server.stop()
