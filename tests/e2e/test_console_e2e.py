@@ -191,10 +191,15 @@ def test_console_drives_a_real_job(tmp_path):
             answers = page.locator("#capture-answers").inner_text()
             steps = [int(s) for s in re.findall(r"rank [01]: step (\d+), shape", answers)]
             assert len(steps) == 2 and steps[0] == steps[1] > paused_at - 1, (answers, paused_at)
+            where = [int(i) for i in re.search(r"at \[([\d, ]+)\]", summary).group(1).split(",")]
             page.get_by_role("button", name="show it").click()
-            _wait("the window at the largest difference", lambda: page.locator("#capture-diff").count() == 1 and
-                  page.locator("#capture-diff td[style*='rgb(198,40,40)'], #capture-diff td[style*='rgb(21,101,192)']"
-                               ).count() >= 1, proc, log, 30)
+            # The window moves to hold the largest difference (8 rows and columns before it),
+            # and that cell is the heat map's fullest colour.
+            want = (str(max(0, where[-2] - 8)) if len(where) > 1 else "0", str(max(0, where[-1] - 8)))
+            _wait("the window at the largest difference", lambda: (
+                page.locator("#capture-row").input_value(), page.locator("#capture-col").input_value()) == want and
+                page.locator("#capture-diff td[style*='rgb(198,40,40)'], #capture-diff td[style*='rgb(21,101,192)']"
+                             ).count() >= 1, proc, log, 30)
             page.locator("#capture-diff").scroll_into_view_if_needed()
             _shot(page, "console-values")
             assert not errors, errors

@@ -2,87 +2,31 @@
 simulated ranks over real sockets (``rankscope bench ingest``'s generator), its fault
 planted on one rank at a known step. The grid draws every rank in blocks (a block shows its
 worst rank), the verdict names the rank, a click on the block that holds it picks that
-rank and step and loads the model tree, and the rank table lists every rank."""
+rank and step and loads the model tree, and the rank table lists every rank. The run is
+tests/e2e/console_wide_run.py, in a process of its own (a private Ray)."""
 from __future__ import annotations
 
-import os
-import time
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from tests.browser import MISSING, chromium_page
+from tests.browser import MISSING
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600),
               pytest.mark.skipif(MISSING is not None, reason=str(MISSING))]
+RUN = Path(__file__).with_name("console_wide_run.py")
 RANKS = 1024
-SHOTS = os.environ.get("RANKSCOPE_SHOTS")
-
-
-def _until(what: str, cond, timeout: float = 60.0):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        got = cond()
-        if got:
-            return got
-        time.sleep(0.1)
-    raise AssertionError(f"no {what} within {timeout} s")
 
 
 def test_a_thousand_ranks_on_one_page():
-    from rankscope.coordinator.console.server import ConsoleServer
-    from rankscope.coordinator.server.ingest_bench import run_ingest
-    seen: dict = {}
-
-    def attach(coord):
-        server = ConsoleServer(coord, None)
-        url = server.start()
-
-        def look() -> None:  # called once every step is judged, before the coordinator stops
-            try:
-                with chromium_page() as page:
-                    errors: list[str] = []
-                    page.on("pageerror", lambda exc: errors.append(str(exc)))
-                    page.goto(url)
-                    verdict = page.locator("tr.verdict").first
-                    _until("the verdict", lambda: page.locator("tr.verdict").count() > 0)
-                    seen["rank"] = int(verdict.locator("td.rank").inner_text())
-                    seen["step"] = int(verdict.locator("td.step").inner_text())
-                    fig = page.locator("figure.grid").first
-                    seen["caption"] = fig.locator("figcaption").inner_text()
-                    seen["ranks_drawn"] = int(fig.get_attribute("data-ranks"))
-                    canvas = fig.locator("canvas")
-                    block, ch, cw = (int(canvas.get_attribute(f"data-{k}")) for k in ("block", "ch", "cw"))
-                    seen["block"] = block
-                    seen["rows_tall"] = int(canvas.evaluate("c => c.height")) // ch
-                    first = int(seen["caption"].rsplit("steps ", 1)[1].split("–")[0])
-                    col = seen["step"] - first  # judged steps, oldest left, one column each
-                    box = canvas.bounding_box()
-                    scale = box["width"] / float(canvas.evaluate("c => c.width"))
-
-                    def click(column: int, rank: int) -> None:
-                        canvas.click(position={"x": (column * cw + cw / 2) * scale,
-                                               "y": ((rank // block) * ch + ch / 2) * scale})
-                        _until(f"the model tree of step {first + column}",
-                               lambda: f"step {first + column} " in page.locator("#tree-caption").inner_text() + " ")
-                    click(0, 0)  # another step first: the page starts on the newest one
-                    click(col, seen["rank"])  # the block holding the named rank, at its step
-                    page.locator("#tree-list li.leaf").first.click()
-                    _until("the tensor view", lambda: page.locator("#tensor-table tr[data-rank]").count() > 0)
-                    seen["first_row"] = int(page.locator("#tensor-table tr[data-rank]").first.get_attribute("data-rank"))
-                    if SHOTS:  # the closing notes' picture of the wide grid
-                        page.screenshot(path=str(Path(SHOTS) / "console-1024-ranks.png"), full_page=True)
-                    seen["tree_caption"] = page.locator("#tree-caption").inner_text()
-                    seen["table_rows"] = page.locator("#rank-table tbody tr").count()
-                    seen["leaves"] = page.locator("#tree-list li.leaf").all_inner_texts()
-                    seen["errors"] = errors
-            except Exception as exc:  # noqa: BLE001 - asserted after the run, which must stop its actor
-                seen["failed"] = repr(exc)
-            finally:
-                server.stop()
-        return look
-
-    out = run_ingest(RANKS, 8, 4, paced=2, pace_s=0.2, attach=attach, log=lambda m: None)
+    r = subprocess.run([sys.executable, str(RUN)], capture_output=True, text=True, timeout=540)
+    line = next((ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")), None)
+    assert r.returncode == 0 and line, (r.returncode, r.stdout[-2000:], r.stderr[-4000:])
+    got = json.loads(line[len("RESULT "):])
+    seen, out = got["seen"], got["out"]
     assert "failed" not in seen, seen["failed"]
     assert out["correct"], out
     assert (seen["rank"], seen["step"]) == (out["fault_rank"], out["flagged_step"])
