@@ -15,7 +15,7 @@ rate over the first and the last fifth of the steps, then the targets:
   ``--on-divergence continue`` so that one does not hold the job paused).
 
     .venv/bin/python bench/soak.py                       # a few minutes here
-    .venv/bin/python bench/soak.py --steps 20000         # the hour-long run of the README
+    .venv/bin/python bench/soak.py --steps 20000         # the hour-long run of docs/benchmarks.md
 
 The last line is JSON. Figures only: nothing here asserts.
 """

@@ -17,7 +17,7 @@ dropout gave one rank of a clean job another mask at step 3 after three equal on
 Why so strict: a mask of 0s and 1s has the same statistics on most ranks by chance (a
 majority rule took one for a weight), and an all-ones attention mask is equal on every
 rank until one batch is padded. Requiring every rank and a change between steps keeps
-both out. What that costs, said in the README: a weight that already differs during the
+both out. What that costs, said in docs/howto/analyze.md: a weight that already differs during the
 learning steps is not learned as replicated (its effect on the activations remains for
 the outlier detector), and a frozen weight (never updated) is not checked.
 """

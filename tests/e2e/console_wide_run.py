@@ -69,7 +69,8 @@ def main() -> int:
                     click(col, seen["rank"])  # the block holding the named rank, at its step
                     page.locator("#tree-list li.leaf").first.click()
                     _until("the tensor view", lambda: page.locator("#tensor-table tr[data-rank]").count() > 0)
-                    seen["first_row"] = int(page.locator("#tensor-table tr[data-rank]").first.get_attribute("data-rank"))
+                    top_row = page.locator("#tensor-table tr[data-rank]").first
+                    seen["first_row"] = int(top_row.get_attribute("data-rank"))
                     if SHOTS:  # the closing notes' picture of the wide grid
                         page.screenshot(path=str(Path(SHOTS) / "console-1024-ranks.png"), full_page=True)
                     seen["tree_caption"] = page.locator("#tree-caption").inner_text()
