@@ -21,6 +21,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from rankscope.probe.fingerprint import tensor_name
 from rankscope.wire import capture_values
 from rankscope.wire.layout import dump_label, safe_id
 
@@ -66,8 +67,8 @@ class Captures:
     def offer(self, name: str, value: Any) -> None:
         """A tensor read this step under ``name``: saved and sent when a request names it."""
         reqs = self.active.pop(name, None)
-        if reqs is None and "@" in name:  # a piece of a chunked tensor: the tensor whole
-            reqs = self.active.pop(name.split("@")[0], None)
+        if reqs is None and tensor_name(name) != name:  # a piece of a chunked tensor: the tensor whole
+            reqs = self.active.pop(tensor_name(name), None)
         if reqs is None:
             return
         for req in reqs:

@@ -48,6 +48,11 @@ def chunk_name(name: str, index: int, count: int) -> str:
     return name if count == 1 else f"{name}@{index}"
 
 
+def tensor_name(row_name: str) -> str:
+    """The tensor a piece's row belongs to (:func:`chunk_name` undone)."""
+    return row_name.split("@", 1)[0]
+
+
 def host_fingerprint(arr: np.ndarray, a: int = 0, b: int | None = None) -> int:
     """Fingerprint of elements ``[a, b)`` of a host array (32 bits, as a CRC-32 field holds)."""
     return hash_bytes(piece_bytes(arr, a, b)[0])

@@ -121,7 +121,7 @@ class VitalSigns:
         i = total = 0
         for params, state in self._pieces.values():
             for p in params:
-                self._index.setdefault(p.name.split("@")[0], []).append(i)
+                self._index.setdefault(fp.tensor_name(p.name), []).append(i)
                 i += 1
             i += len(state)
             total += sum(p.nbytes for p in params) + sum(p.nbytes for p in state)
@@ -160,8 +160,8 @@ class VitalSigns:
     def _offer(self, prefix: str, pieces: list[Piece]) -> None:
         """Every piece, due or not, to a capture asked for this step (its values, not its
         fingerprint: a weight out of this step's rotation is still there to read)."""
-        cap = self.rec.capture
-        if cap is not None and cap.active:
+        cap = self.rec.capturing()
+        if cap is not None:
             if not self.device_side:
                 wait_for_device()  # a kept view is read without asnumpy's own wait
             for p in pieces:
@@ -196,7 +196,7 @@ class VitalSigns:
         recorder's one-readback device statistics take the gradients instead."""
         if not isinstance(grads, (tuple, list)):
             grads = (grads,)
-        cap = self.rec.capture if self.rec.capture is not None and self.rec.capture.active else None
+        cap = self.rec.capturing()
         for i, g in enumerate(grads):
             name = names[i] if i < len(names) else str(i)
             if cap is not None:

@@ -169,6 +169,12 @@ class Recorder(GradHooks):
                 self._pending.append(held)
         return release
 
+    def capturing(self) -> Any:
+        """The step's capture requests (rankscope.probe.capture.Captures) while any waits
+        for its tensor, else None: one check a step where nothing was asked."""
+        cap = self.capture
+        return cap if cap is not None and cap.active else None
+
     def has_unread_params(self) -> bool:
         """Queued parameter records still to be read (before an optimizer changes them):
         a cell's parameters, and a Parameter handed to an API as its argument."""
@@ -196,7 +202,7 @@ class Recorder(GradHooks):
         """Compute every queued tensor's stats, in record order (one pipeline drain)."""
         pending, self._pending = self._pending, []
         on_device = self._device_rows(pending) if self.device_side and pending else {}
-        cap = self.capture if self.capture is not None and self.capture.active else None
+        cap = self.capturing()
         for idx, (name, kind, value, crc, entry, st) in enumerate(pending):
             try:
                 if cap is not None and value is not None:
