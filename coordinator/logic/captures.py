@@ -92,8 +92,9 @@ class CaptureBook:
         lead, (rows, cols) = _split(shape)
         index = list(index or [0] * len(lead))
         if len(index) != len(lead) or not all(isinstance(i, int) and 0 <= i < d for i, d in zip(index, lead)):
-            raise ValueError(f"capture: index {index} does not select a slice of shape {shape} "
-                             f"(one index for each of the first {len(lead)} dimensions)")
+            want = (f"one index for each of the first {len(lead)} dimension(s)" if lead else
+                    "it has no leading dimension to index: leave index out")
+            raise ValueError(f"capture: index {index} does not select a slice of shape {shape} ({want})")
         if not (isinstance(row, int) and isinstance(col, int) and 0 <= row < max(rows, 1) and 0 <= col < max(cols, 1)):
             raise ValueError(f"capture: row {row}, col {col} are outside the {rows} x {cols} slice")
         r1, c1 = min(rows, row + WINDOW), min(cols, col + WINDOW)
