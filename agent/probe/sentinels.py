@@ -138,7 +138,8 @@ class Sentinels:
         if only is None:
             self._snapshot_taken = True
         r = self.rec
-        _drain(r)
+        if self.vital is None:
+            _drain(r)  # the vital signs wait themselves, and only when a piece is due
         state_rows = state
         r.resolve()  # keep record order: everything queued goes first
         for opt in [only] if only is not None else list(self.stepping):
@@ -159,7 +160,10 @@ class Sentinels:
         if not self.enabled or not self.record:
             return
         r = self.rec
-        _drain(r)
+        if self.vital is None:
+            # The vital signs wait only when a piece is due: a wait for the update on every
+            # step would keep the next step's Python from running ahead of its kernels.
+            _drain(r)
         for opt in [only] if only is not None else list(self.stepping):
             if self.vital is not None:
                 self.vital.snapshot_end(opt, *self._layout_of(opt))

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from rankscope.probe import device_wait
 from rankscope.probe.probe_clock import CLOCK
 from rankscope.wire.array_stats import (  # noqa: F401 - the probe's stats are these
     NP_TO_MS,
@@ -32,13 +33,14 @@ def wait_for_device() -> None:
     parameters in place (an optimizer's ``construct`` runs as one), and the kernel dump's
     files are written by kernels still running. A clean 20,000-step soak still shows a
     rare one-step CRC-32 split of one Adam buffer with this wait in place; the replica
-    check holds such a split a step (coordinator.logic.detectors.replica)."""
+    check holds such a split a step (coordinator.logic.detectors.replica). The training
+    thread sleeps through the wait (:mod:`rankscope.probe.device_wait`)."""
     try:
         from mindspore.graph.api import _pynative_executor  # MindSpore >= 2.9
     except ImportError:
         from mindspore.common.api import _pynative_executor
     t0 = time.perf_counter()
-    _pynative_executor.sync()
+    device_wait.wait(_pynative_executor.sync)
     CLOCK.discount(time.perf_counter() - t0)
 
 

@@ -88,6 +88,10 @@ class VitalSigns:
         #: id(gradient) -> (gradient, (squared norm, view, dtype)) this step: read once, by
         #: whoever asks first.
         self.norms: dict[int, tuple[Any, tuple[float, np.ndarray, str]]] = {}
+        #: Gradients were handed over since the last wait: ops that made them (a clip, a
+        #: reduction) may still be queued, and the first read waits for them, so that no
+        #: ``asnumpy`` waits inside the probe's own time (spinning on the training thread).
+        self._unwaited = False
         self._t_step = time.perf_counter()
         self._vital = self._rotating = 0.0
         self._done = self._read = self._copied = 0
@@ -196,6 +200,7 @@ class VitalSigns:
         recorder's one-readback device statistics take the gradients instead."""
         if not isinstance(grads, (tuple, list)):
             grads = (grads,)
+        self._unwaited = True
         cap = self.rec.capturing()
         for i, g in enumerate(grads):
             name = names[i] if i < len(names) else str(i)
@@ -218,8 +223,9 @@ class VitalSigns:
         got = self.norms.get(id(g))
         if got is not None and got[0] is g:
             return got[1]
-        if not self.norms:  # the step's first read: its backward, waited for once, is not the probe's
+        if not self.norms or self._unwaited:  # what made the gradients is not the probe's time
             wait_for_device()
+            self._unwaited = False
         t0 = time.perf_counter()
         arr, dtype_name = to_numpy(g)
         sq = fp.host_squared_norm(arr)

@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 from rankscope.probe import compile_guard
 from rankscope.probe.hooks.grad_hooks import GradHooks
-from rankscope.probe.stats import TensorStats, is_tensor, tensor_stats
+from rankscope.probe.stats import TensorStats, is_tensor, tensor_stats, wait_for_device
 from rankscope.wire.records import NO_CRC, Kind, NameTable, StepBatchBuilder
 
 _DEVICE_FLOATS = frozenset({"Float32", "Float16", "BFloat16", "Float64"})
@@ -202,6 +202,10 @@ class Recorder(GradHooks):
         """Compute every queued tensor's stats, in record order (one pipeline drain)."""
         pending, self._pending = self._pending, []
         on_device = self._device_rows(pending) if self.device_side and pending else {}
+        if not self.device_side and any(item[5] is None and item[2] is not None for item in pending):
+            # The one drain, made here: asnumpy would make it too, but spinning on the
+            # training thread and inside the probe's own time (rankscope.probe.device_wait).
+            wait_for_device()
         cap = self.capturing()
         for idx, (name, kind, value, crc, entry, st) in enumerate(pending):
             try:
