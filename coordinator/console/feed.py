@@ -29,13 +29,14 @@ def encode(value: Any) -> bytes:
 
 
 class Feed:
-    """``source()`` returns a snapshot (a JSON-ready dict) or raises; ``on_new(version,
-    data)`` is called on the feed's thread with each snapshot that differs from the last."""
+    """``source()`` returns a snapshot or raises; ``render(snapshot)`` makes the bytes the
+    pages are sent (JSON by default); ``on_new(version, data)`` is called on the feed's
+    thread with each snapshot that differs from the last."""
 
     def __init__(self, source: Callable[[], Any], on_new: Callable[[int, bytes], None] | None = None,
                  interval_s: float = INTERVAL_S, idle_s: float = IDLE_S,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        self.source, self.on_new = source, on_new
+                 clock: Callable[[], float] = time.monotonic, render: Callable[[Any], bytes] = encode) -> None:
+        self.source, self.on_new, self.render = source, on_new, render
         self.interval_s, self.idle_s, self.clock = interval_s, idle_s, clock
         self.version, self.data = 0, encode({"waiting": "no snapshot yet"})
         self.reads = 0  # snapshots asked of the coordinator (the cost the pages put on it)
@@ -71,7 +72,7 @@ class Feed:
         not on the caller's."""
         self._offered_at = self.clock()
         if self._thread is None or not self._thread.is_alive():
-            self._publish(encode(value))
+            self._publish(self.render(value))
             return
         with self._lock:
             self._pending = value
@@ -81,14 +82,14 @@ class Feed:
         with self._lock:
             value, self._pending = self._pending, None
         if value is not None:
-            self._publish(encode(value))
+            self._publish(self.render(value))
 
     def poll_once(self) -> bool:
         """Read one snapshot; True when it differs from the last one."""
         self.reads += 1
         t0 = time.perf_counter()
         try:
-            data = encode(self.source())
+            data = self.render(self.source())
             self.last_read_s = time.perf_counter() - t0
             self._error = None
         except Exception as exc:  # noqa: BLE001 - shown on the page, the console stays up

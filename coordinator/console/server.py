@@ -11,7 +11,8 @@ from typing import Any
 
 from rankscope.coordinator.console import auth
 from rankscope.coordinator.console.app import ConsoleApp
-from rankscope.coordinator.console.feed import Feed
+from rankscope.coordinator.console.feed import Feed, encode
+from rankscope.coordinator.console.grid import GridWindow, with_grid
 from rankscope.coordinator.console.priority import yield_cpu
 from rankscope.coordinator.console.view import page_snapshot
 from rankscope.coordinator.server.service_console import GRID_STEPS
@@ -36,7 +37,8 @@ class ConsoleServer:
         self.export_dir = export_dir
         self.token = auth.new_token()
         kw = {} if interval_s is None else {"interval_s": interval_s}
-        self.feed = Feed(lambda: page_snapshot(backend.console("snapshot", {"steps": GRID_STEPS}), export_dir), **kw)
+        self.grid = GridWindow(GRID_STEPS)
+        self.feed = Feed(lambda: backend.console("snapshot", self.snapshot_args()), render=self.render, **kw)
         self.app = ConsoleApp(backend, self.feed, self.token, export_dir, read_only=read_only, job=job)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -49,12 +51,23 @@ class ConsoleServer:
         status) and shown on the pages: one read of the coordinator a second, not two."""
         if not self.feed.wanted():
             return coordinator.status(timeout=10)  # no page open: nothing to show it on
-        snap = coordinator.console("snapshot", {"steps": GRID_STEPS}, timeout=10)
+        snap = coordinator.console("snapshot", self.snapshot_args(), timeout=10)
         try:
-            self.feed.offer(page_snapshot(snap, self.export_dir))
+            self.feed.offer(snap)
         except Exception:  # noqa: BLE001 - the page's trouble never costs the launch its status
             log.debug("console: a snapshot could not be shown", exc_info=True)
         return snap
+
+    def snapshot_args(self) -> dict:
+        """Only the grid's steps the console does not hold yet."""
+        return {"steps": GRID_STEPS, "since": self.grid.since()}
+
+    def render(self, snapshot: dict) -> bytes:
+        """The page's JSON: the coordinator's snapshot with the grid's new steps merged into
+        the console's window, whose columns were encoded as they came."""
+        snap = dict(snapshot)
+        self.grid.merge(snap.pop("grid", None) or {})
+        return with_grid(encode(page_snapshot(snap, self.export_dir)), self.grid.encoded())
 
     @property
     def url(self) -> str:

@@ -242,11 +242,13 @@ class Frontend:
                 wait_ms = max(1, int((next_tick - time.monotonic()) * 1000.0))
                 if poller.poll(min(wait_ms, self.tick_s * 1000.0)):
                     self._drain()
-                self._run_calls()
                 now = time.monotonic()
                 if now >= next_tick:
                     next_tick = now + self.tick_s
                     self._guard(self.handlers.on_tick, now)
+                # After the tick, not before: a status or a console snapshot asked meanwhile
+                # never holds back the steps due to be judged (the tick is where they are).
+                self._run_calls()
                 if now >= next_ack:
                     next_ack = now + self.ack_s
                     self._guard(self.send_acks)

@@ -1,15 +1,20 @@
 """What the live console asks the coordinator service: one snapshot a poll (the status with
-a row per rank, plus the grid's newest judged steps), the tensors of a kept step, one
-tensor over the kept steps, new watchpoints, and watchpoints checked again over the kept
-steps. Read on the loop thread, like status."""
+a row per rank, plus the grid's judged steps the console does not hold yet), the tensors
+of a kept step, one tensor over the kept steps, new watchpoints, and watchpoints checked
+again over the kept steps. Read on the loop thread, like status, in turns short enough
+that a step due to be judged never waits long behind a page."""
 from __future__ import annotations
 
+import time
 from typing import Any
 
 #: Judged steps per group the grid shows; older ones are in report.html and history.json.
 GRID_STEPS = 64
 #: Newest verdicts a snapshot lists (each detector's repeats are already held back).
 MAX_VERDICTS = 200
+#: Seconds a snapshot's coverage may be old: it changes slowly, and reading it holds the
+#: ingest thread longer than the rest of the snapshot at a few hundred ranks.
+COVERAGE_EVERY_S = 5.0
 #: What :meth:`ConsoleQueries.console` answers.
 QUERIES = ("snapshot", "tensors", "tensor", "watchpoints", "recheck", "capture")
 
@@ -40,18 +45,41 @@ class ConsoleQueries:
             if what == "recheck":
                 return self.frontend.call_sync(self._recheck, parsed)
             return self.frontend.call_sync(self._set_watchpoints, rules)
+        if what == "snapshot":
+            return self._console_snapshot(args)
         return self.frontend.call_sync(getattr(self, f"_console_{what}"), args)
 
     def _console_snapshot(self, args: dict) -> dict:
-        steps = args.get("steps", GRID_STEPS)
+        """Two turns of the loop thread, not one: the status with its rank rows, then the
+        grid's new columns and the verdicts (a step judged between them is in the grid and
+        not yet in the status: the page shows it a poll later). ``args.since``: per group,
+        the newest step the console holds."""
+        steps, since = args.get("steps", GRID_STEPS), args.get("since")
         if not isinstance(steps, int) or steps < 0:
             raise ValueError(f"console snapshot: args.steps must be a non-negative integer, got {steps!r}")
-        st = self._status()  # type: ignore[attr-defined]
-        st["grid"] = self.core.series.tail(steps)
-        st["verdicts"] = verdict_rows(list(self.core.verdicts)[-MAX_VERDICTS:], st["incidents"])
-        st["watchpoints"] = self._watchpoint_rows()
-        st["sharded"] = self.link is not None
+        if since is not None and not (isinstance(since, dict) and all(
+                isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) for k, v in since.items())):
+            raise ValueError(f"console snapshot: args.since must map a group to a step, got {since!r:.80}")
+        st = self.frontend.call_sync(self._console_status)
+        st.update(self.frontend.call_sync(self._console_columns, steps, since))
         return st
+
+    def _console_status(self) -> dict:
+        now = time.monotonic()
+        held = getattr(self, "_console_coverage", None)
+        fresh = held is not None and now - held[0] < COVERAGE_EVERY_S
+        st = self._status(coverage=not fresh)  # type: ignore[attr-defined]
+        if fresh:
+            st["coverage"] = held[1]
+        else:
+            self._console_coverage = (now, st["coverage"])
+        return st
+
+    def _console_columns(self, steps: int, since: dict | None) -> dict:
+        verdicts = list(self.core.verdicts)[-MAX_VERDICTS:]
+        return {"grid": self.core.series.tail(steps, since),
+                "verdicts": verdict_rows(verdicts, self._incidents()),  # type: ignore[attr-defined]
+                "watchpoints": self._watchpoint_rows(), "sharded": self.link is not None}
 
     def _console_tensors(self, args: dict) -> dict | None:
         return self.core.series.recent.tensors(_group(args), _step(args))

@@ -37,7 +37,8 @@ class StatusReports:
             **(self._shard_status(brief=True) if self.link is not None else {}),
         }
 
-    def _status(self) -> dict:
+    def _status(self, coverage: bool = True) -> dict:
+        """``coverage`` False: without it (None), for a reader that keeps its own."""
         core = self.core.status()
         ranks: dict[str, dict] = {}
         for job, j in (core.get("jobs") or {}).items():
@@ -54,7 +55,7 @@ class StatusReports:
             "rejected": dict(self.frontend.decoder.rejected), "duplicates": self.frontend.replay.duplicates,
             "first_step_wall": self.frontend.first_step_wall, "last_step_wall": self.frontend.last_step_wall,
             "collect": self.collector.progress() if self.collector is not None else None,
-            "coverage": self._coverage(),
+            "coverage": self._coverage() if coverage else None,
             **(self._shard_status() if self.link is not None else {}),
         }
 

@@ -27,6 +27,19 @@ def test_grid_tail_is_the_newest_steps_with_nonfinite_and_missing_told_apart():
     json.dumps(core.series.tail(64), allow_nan=False)
 
 
+def test_grid_tail_since_a_step_sends_only_the_later_steps_and_a_missing_rank_as_none():
+    core, sim, _ = run_synthetic(12, _nan_on_rank2_at_step7)
+    [(group, whole)] = core.series.tail(64).items()
+    newer = core.series.tail(64, {group: 9})[group]
+    assert newer["steps"] == [10, 11] and newer["deviation"] == whole["deviation"][-2:]
+    assert core.series.tail(64, {group: 11})[group]["steps"] == []
+    assert core.series.tail(64, {"another group": 11})[group]["steps"] == whole["steps"]  # not held: all
+    # A row from before a rank joined is shorter than the ranks now: the rank's cell is None.
+    ranks, row = core.series.last(group)
+    core.series.append(group, ranks + [4], (12, *row[1:3], row[3]))
+    assert core.series.tail(64, {group: 11})[group]["deviation"] == [whole["deviation"][-1] + [None]]
+
+
 def test_tensors_of_a_kept_step_name_the_rank_furthest_off():
     core, sim, found = run_synthetic(14, _nan_on_rank2_at_step7)
     group = found[0].group
