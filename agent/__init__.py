@@ -9,6 +9,8 @@ runs on a training node. Its rooms:
 - ``rdr/``: crash bundles (the Running Data Recorder).
 - ``node/``: the node agent daemon, one per host.
 - ``wire/``: what every process speaks (records, protocol, sockets, path layout).
+- ``files/``: files one process writes and another reads (kernel dump, replay files).
+- ``text/``: how facts read to a person (rank lists, watch lines).
 - ``config/``: config.json, one schema for every process.
 - ``cli/``: the ``rankscope`` command.
 

@@ -29,7 +29,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from rankscope.probe.kernel_config import DEFAULT_KERNELS  # noqa: E402
+from rankscope.probe.graph.kernel_config import DEFAULT_KERNELS  # noqa: E402
 
 KERNELS = {"sentinels": "off", "kernels": "default", "all": "all"}
 #: MindSpore's own kernel dump with no rankscope at all (the floor under the kernel modes).
@@ -76,7 +76,7 @@ for i in range(int(sys.argv[1]) + 3):
         times.append(time.perf_counter() - t0)
 out = {"times": times}
 try:
-    from rankscope.probe import autoattach
+    from rankscope.probe.attach import autoattach
     s = autoattach.session()
     k = s.debugger.graph.kernels if s is not None else None
     if k is not None:

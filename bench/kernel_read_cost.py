@@ -28,8 +28,8 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 from graph_step_time import JOB, MS_DUMP  # noqa: E402
 
-from rankscope.probe.kernel_config import KernelDump  # noqa: E402
-from rankscope.probe.kernel_reader import KernelReader  # noqa: E402
+from rankscope.probe.graph.kernel_config import KernelDump  # noqa: E402
+from rankscope.probe.graph.kernel_reader import KernelReader  # noqa: E402
 
 
 def dump_one_step(root: Path, mode: str) -> tuple[Path, Path]:

@@ -51,7 +51,7 @@ for s in range(steps):
 out = {"module": rankscope.__file__, "per_shard": []}
 for k in range(shards):
     if shards > 1:
-        from rankscope.coordinator.logic.shard import ShardCore
+        from rankscope.coordinator.logic.shards.shard import ShardCore
         core = ShardCore({}, shard=k)
         judge = core.judge
     else:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from rankscope.coordinator.logic.shard import ShardCore
+from rankscope.coordinator.logic.shards.shard import ShardCore
 from rankscope.coordinator.server.ingest_load import simulated_batch
 from rankscope.coordinator.server.names_file import NamesFile
 from rankscope.wire import protocol

@@ -13,8 +13,8 @@ import json
 import time
 import tracemalloc
 
-from rankscope.coordinator.logic.merge import VerdictMerge
-from rankscope.coordinator.logic.shard import ShardCore
+from rankscope.coordinator.logic.shards.merge import VerdictMerge
+from rankscope.coordinator.logic.shards.shard import ShardCore
 from rankscope.coordinator.logic.synthetic import SyntheticTraining
 from rankscope.wire import protocol
 from rankscope.wire.shards import ShardMap

@@ -3,7 +3,7 @@
     .venv/bin/python bench/stats_throughput.py [--sizes 65536,1048576,16777216] [--repeat 30]
 
 For each float32 size: median GB/s of ``np.copy`` (the memory-bandwidth yardstick),
-of rankscope.probe.stats (Max/Min/Mean/Norm + NaN/Inf check), of the same with CRC-32, and of
+of rankscope.probe.tensors.stats (Max/Min/Mean/Norm + NaN/Inf check), of the same with CRC-32, and of
 a MindSpore-op implementation (4 ops + one host transfer) when MindSpore is present.
 Ratios are stats/copy: 1.0 would mean statistics as fast as copying the array once.
 """
@@ -17,7 +17,7 @@ import time
 
 import numpy as np
 
-from rankscope.probe.stats import array_stats
+from rankscope.probe.tensors.stats import array_stats
 
 
 def gbps(fn, nbytes: int, repeat: int) -> float:

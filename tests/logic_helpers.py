@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from rankscope.config.cluster import ClusterSettings
-from rankscope.coordinator.logic.aligner import StepAligner, StepView
+from rankscope.coordinator.logic.align.aligner import StepAligner, StepView
 from rankscope.coordinator.logic.core import CoordinatorCore
 from rankscope.coordinator.logic.verdict import Verdict
 from rankscope.wire.records import StepBatch

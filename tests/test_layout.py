@@ -99,10 +99,14 @@ def test_the_coordinator_imports_no_in_rank_module():
     assert not bad, sorted(bad)
 
 
-@pytest.mark.parametrize("room", ["rankscope.wire", "rankscope.config", "rankscope.coordinator.logic"])
+#: Rooms every process shares (the wire, the config, files and texts) and the coordinator's
+#: pure logic: none imports a process's room.
+SHARED = ("rankscope.wire", "rankscope.config", "rankscope.files", "rankscope.text", "rankscope.coordinator.logic")
+
+
+@pytest.mark.parametrize("room", SHARED)
 def test_shared_and_pure_rooms_import_no_process_room(room):
-    # The wire and the config are spoken by every process; the coordinator's logic is pure.
-    allowed = ("rankscope.wire", "rankscope.config", "rankscope.coordinator.logic")
+    allowed = SHARED
     bad = {(m, dep) for m, deps in GRAPH.items() if m.startswith(room) for dep in deps
            if dep != "rankscope" and not dep.startswith(allowed)}
     assert not bad, sorted(bad)
@@ -158,3 +162,33 @@ def test_tests_starting_ray_in_process_run_before_the_auth_less_helm_test():
             if "ray.init(" in p.read_text(encoding="utf-8")
             and str(p.relative_to(tests)) > "deploy" and p.name not in ("test_helm.py", "test_layout.py")]
     assert not late, f"in-process Ray after tests/deploy (move them under tests/coordinator): {late}"
+
+
+def _folder_map() -> list[tuple[list[str], list[str], str]]:
+    """The architecture page's folder map: per row, its folders, their import names, and
+    what it says lives there."""
+    import re
+    rows = []
+    for line in (REPO / "docs" / "architecture.md").read_text(encoding="utf-8").splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 4 and re.match(r"`(agent|coordinator)/", cells[1]):
+            rows.append((re.findall(r"`((?:agent|coordinator)/[\w/]*/)`", cells[1]),
+                         re.findall(r"\(`(rankscope[\w.]*)`\)", cells[1]), cells[2]))
+    return rows
+
+
+def test_the_architecture_page_maps_every_package_folder_and_names_what_is_there():
+    rows = _folder_map()
+    mapped = [f for folders, _, _ in rows for f in folders]
+    on_disk = {str(p.parent.relative_to(REPO)) + "/" for p in MODULES.values() if p.name == "__init__.py"}
+    on_disk -= {"agent/", "coordinator/"}  # the two roots: the page's prose says what they are
+    assert len(mapped) == len(set(mapped)), "a folder is mapped twice"
+    assert set(mapped) == on_disk, (sorted(on_disk - set(mapped)), sorted(set(mapped) - on_disk))
+    for folders, names, what in rows:
+        for folder, name in zip(folders, names):
+            root = "agent/" if folder.startswith("agent/") else "coordinator/"
+            pkg = ROOTS[REPO / root.rstrip("/")]
+            assert name == ".".join([pkg, *folder[len(root):].strip("/").split("/")]), (folder, name)
+        import re
+        for module in re.findall(r"`([\w*]+\.py)`", what):
+            assert any(list((REPO / f).glob(module)) for f in folders), f"{module} is not in {folders}"

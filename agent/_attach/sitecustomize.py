@@ -3,7 +3,7 @@ every Python process the launched command starts (msrun's workers included) runs
 at interpreter start-up.
 
 It must cost nothing in processes that never train (msrun's own launcher, helper
-scripts): ``rankscope.probe.autoattach.install`` only registers a lazy hook that acts when
+scripts): ``rankscope.probe.attach.autoattach.install`` only registers a lazy hook that acts when
 MindSpore is imported. Any failure is reported and swallowed: attaching must never
 stop the user's program from starting.
 """
@@ -31,11 +31,11 @@ def _attach() -> None:
     if os.environ.get("RANKSCOPE_ATTACH") != "1":
         return
     try:
-        from rankscope.probe.autoattach import install
+        from rankscope.probe.attach.autoattach import install
         install()
     except Exception as exc:  # never block the user's program
         try:
-            from rankscope.probe.autoattach import report_attach_failure
+            from rankscope.probe.attach.autoattach import report_attach_failure
             report_attach_failure(exc)
         except Exception:
             print(f"[rankscope] attach failed, running unprobed: {exc!r}", file=sys.stderr)

@@ -18,7 +18,7 @@ import re
 import sys
 from pathlib import Path
 
-from rankscope.wire.atomic import atomic_write_bytes
+from rankscope.files.atomic import atomic_write_bytes
 
 # zmq.auth's certificate text format (ZPL), public key only; zmq.auth.load_certificate reads it.
 _PUBLIC_CERT = """#   rankscope allowed client, from {source}

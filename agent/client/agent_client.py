@@ -29,7 +29,7 @@ from rankscope.client.claim import RankClaim
 from rankscope.client.io_thread import ClientIO
 from rankscope.client.state import ClientState
 from rankscope.probe.gate import RankscopeTerminated, StepGate
-from rankscope.probe.sync_tracker import SyncTracker
+from rankscope.probe.comm.sync_tracker import SyncTracker
 from rankscope.wire import protocol
 from rankscope.wire.records import StepBatch, StepOutput
 from rankscope.wire.transport import CurveKeys, connect_watched_dealer

@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterable
 
 from rankscope.client.claim import RankClaim
 from rankscope.probe.gate import StepGate
-from rankscope.probe.sync_tracker import SyncTracker
+from rankscope.probe.comm.sync_tracker import SyncTracker
 
 
 @dataclass
@@ -57,7 +57,7 @@ class ClientState:
     #: Training thread -> I/O thread (under ``lock``): a STATUS body that must go out
     #: before any step queued after it (the layout facts the coordinator waits for).
     first: dict | None = None
-    #: The probe's rankscope.probe.capture.Captures, once a step has ended: the I/O thread
+    #: The probe's rankscope.probe.tensors.capture.Captures, once a step has ended: the I/O thread
     #: hands it the capture requests naming this rank.
     captures: Any = None
 

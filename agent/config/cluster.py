@@ -25,7 +25,7 @@ from rankscope.config.layout import LayoutSpec, parse_layout
 from rankscope.config.watchpoints import WatchpointRule, parse_watchpoints
 from rankscope.wire.rerun_facts import ON_TRANSIENT
 from rankscope.wire.shards import check_shard_count
-from rankscope.wire.watch_line import DEFAULT_BUDGET, DEFAULT_TIER, TIERS
+from rankscope.text.watch_line import DEFAULT_BUDGET, DEFAULT_TIER, TIERS
 
 
 class OnDivergence(str, enum.Enum):
@@ -103,13 +103,13 @@ class ClusterSettings:
     dump_max_mb: float | None = 1024.0
     dump_max_files: int | None = 20_000
     #: A rank whose loss or gradients are anomalous before the reduction re-runs that
-    #: forward and backward once (probe.rerun) and says whether the fault reproduced.
+    #: forward and backward once (probe.rerun.rerun) and says whether the fault reproduced.
     rerun: bool = True
     #: A fault the re-run did not reproduce (rerun_facts.ON_TRANSIENT): "continue" (the
     #: step goes on as made; the incident follows on_divergence), "skip" (the step goes on
     #: with the re-run's result; the incident exports and the job runs on) or "pause".
     on_transient: str = "continue"
-    #: The watch's tier (wire.watch_line.TIERS): "default" stays within ``budget`` of the
+    #: The watch's tier (text.watch_line.TIERS): "default" stays within ``budget`` of the
     #: rank's median step (fingerprints rotate when they do not fit); "full" records
     #: every parameter, optimizer state and gradient in full every step.
     watch: str = DEFAULT_TIER

@@ -1,6 +1,6 @@
 """``cluster.layout``: the job's data x tensor x pipeline parallel degrees, given by hand.
 
-Overrides what rankscope learns from the job (:mod:`rankscope.coordinator.logic.layout`).
+Overrides what rankscope learns from the job (:mod:`rankscope.coordinator.logic.job.layout`).
 Ranks are numbered tensor-parallel fastest, then data parallel, then pipeline stage, as
 Megatron and MindSpore number them: with ``{"data_parallel": 2, "tensor_parallel": 2}``
 ranks 0 and 1 are the two shards of replica 0, and ranks {0, 2} hold the same shard.

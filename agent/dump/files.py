@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from rankscope.wire.atomic import atomic_write_bytes as _atomic_write_bytes
+from rankscope.files.atomic import atomic_write_bytes as _atomic_write_bytes
 
 MAPPING_HEADER = ("file_name", "original_file_name")
 

@@ -1,7 +1,7 @@
 """Registrations held until the coordinator confirms their job-wide id.
 
 This agent's registry makes ids unique on this host; the coordinator makes them unique
-across hosts (``rankscope.coordinator.logic.identities``). A registration is forwarded
+across hosts (``rankscope.coordinator.logic.job.identities``). A registration is forwarded
 with the id proposed here and the rank is answered once the coordinator says which id
 it gets (STATUS "assigned"), or after ``wait_s`` with the local id, so one node without
 a reachable coordinator works as before. ``wait_s`` 0: answer at once. Nothing is held

@@ -99,7 +99,7 @@ class RankBundles:
 def _carry_replay(entry: RankEntry, directory: Path) -> None:
     """The rank's latest replay record (its re-run status named the folder) goes into the
     bundle, so ``rankscope rerun`` works from the incident folder after the rank ended."""
-    from rankscope.wire import replay_files
+    from rankscope.files import replay_files
     record = entry.extra.get("replay")
     if not record:
         return

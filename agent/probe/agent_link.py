@@ -58,7 +58,7 @@ def _carry_replay(dbg: Any, directory: Path) -> None:
     """The record of the rank's latest re-run step goes out with its bundle (bounded by
     replay_files.MAX_BYTES), so ``rankscope rerun`` works from the incident folder alone.
     The bundle files already in the folder join its manifest."""
-    from rankscope.wire import replay_files
+    from rankscope.files import replay_files
     if dbg.rank is None:
         return
     try:

@@ -18,23 +18,25 @@ from rankscope.config.schema import KERNEL_LEVEL
 from rankscope.dump.folder_claim import UNKNOWN_HOLDER, claim_rank_label, release_rank_label
 from rankscope.dump.retention import DumpRetention, RetentionPolicy
 from rankscope.dump.writer import DumpWriter
-from rankscope.probe.probe_clock import CLOCK
-from rankscope.probe import agent_link, layout_probe, rerun
-from rankscope.probe.capture import Captures
-from rankscope.probe.collectives import CollectiveHooks
+from rankscope.probe.vitals.probe_clock import CLOCK
+from rankscope.probe import agent_link
+from rankscope.probe.comm import layout_probe
+from rankscope.probe.rerun import rerun
+from rankscope.probe.tensors.capture import Captures
+from rankscope.probe.comm.collectives import CollectiveHooks
 from rankscope.probe.gate import RankscopeTerminated, StepGate
-from rankscope.probe.graph_watch import GraphWatch, graph_mode
-from rankscope.probe.handover import take_over
+from rankscope.probe.graph.graph_watch import GraphWatch, graph_mode
+from rankscope.probe.attach.handover import take_over
 from rankscope.probe.hooks.api import ApiHooks
 from rankscope.probe.hooks.cell import CellHooks
 from rankscope.probe.hooks.recorder import Recorder
 from rankscope.probe.identity import resolve_rank
-from rankscope.probe.layout_probe import LayoutProbe
+from rankscope.probe.comm.layout_probe import LayoutProbe
 from rankscope.probe.rank_env import device_side, make_flight_recorder, world_size
-from rankscope.probe.sentinels import Sentinels
-from rankscope.probe.sync_tracker import SyncTracker
+from rankscope.probe.vitals.sentinels import Sentinels
+from rankscope.probe.comm.sync_tracker import SyncTracker
 from rankscope.probe.token_range import TokenCounter, TokenRangeHooks, check_token_range
-from rankscope.probe.tiers import Tier
+from rankscope.probe.vitals.tiers import Tier
 from rankscope.probe.watch import GRADS_UNSEEN
 from rankscope.wire.attach_report import one_line, say_once, write_failure
 from rankscope.wire.layout import dump_label, position_file, rank_to_wire

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from rankscope.probe import compile_guard
+from rankscope.probe.graph import compile_guard
 
 
 def check_token_range(token_range: Any) -> tuple[int, int] | None:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from rankscope.wire import rerun_facts
-from rankscope.wire.watch_line import (
+from rankscope.text.watch_line import (
     GRAPH,
     JIT,
     PYNATIVE,
@@ -32,7 +32,7 @@ class Watch:
     reason: str = ""
     #: Where an anomalous step cannot be re-run (the optimizer compiled with the backward).
     rerun: str = ""
-    #: The tier and what it costs (rankscope.probe.vital.VitalSigns.cost), when known.
+    #: The tier and what it costs (rankscope.probe.vitals.vital.VitalSigns.cost), when known.
     cost: dict | None = None
 
     def line(self, rank: Any) -> str:

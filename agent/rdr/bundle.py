@@ -27,7 +27,7 @@ from typing import Any, Iterable, Mapping
 
 from rankscope.rdr import diagnostics, steps_file
 from rankscope.rdr.flight_recorder import FlightRecorder, Step
-from rankscope.wire.atomic import atomic_write_bytes
+from rankscope.files.atomic import atomic_write_bytes
 from rankscope.wire.layout import bundle_dir_name
 
 log = logging.getLogger(__name__)

@@ -4,7 +4,9 @@
 - :mod:`.protocol`: message types, msgpack encoding, the validating decoder.
 - :mod:`.transport`: ZeroMQ sockets, CURVE, connection watching.
 - :mod:`.layout`: rank-id conventions and every path layout that crosses a process.
-- :mod:`.atomic`: atomic file writes.
+- :mod:`.shards`, :mod:`.step_pack`: the shard map node agents route by, and its frames.
+
+Files read outside the wire are in ``rankscope.files``; texts for people in ``rankscope.text``.
 
 NumPy, msgpack and pyzmq only: no MindSpore, no Ray.
 """

@@ -5,7 +5,7 @@ Python as ``Sentinel.collective.<group>.<Op>.<n>.<input|output>.<slot>`` (``n``:
 call's index among this step's calls of that op in that group). The group is in the
 name, so the record's column exists on exactly the ranks of the group. A compiled step's
 collectives arrive through the kernel dump as ``<Op>.<scope>.<task>.<stream>.<io>.<slot>``
-(:mod:`rankscope.wire.kernel_files`). msProbe's own dumps name a communication call
+(:mod:`rankscope.files.kernel_files`). msProbe's own dumps name a communication call
 ``<Api>.<function>.<n>.forward`` (``Distributed.all_reduce.0.forward`` in PyTorch,
 ``MintDistributed.all_reduce.0.forward`` in MindSpore) with msProbe's row suffixes
 ``.input.<i>`` / ``.output.<i>``. :func:`parse_collective` reads all three, so the

@@ -1,7 +1,7 @@
 """What a rank tells the coordinator about the job's parallel layout (STATUS ``layout``).
 
 A rank reports only what it saw itself; the coordinator puts every rank's facts together
-(:mod:`rankscope.coordinator.logic.layout`). The detail is ``{"rank": <id>, "facts": {...}}``
+(:mod:`rankscope.coordinator.logic.job.layout`). The detail is ``{"rank": <id>, "facts": {...}}``
 with these facts, every one optional:
 
 - ``mindspore_rank`` / ``world``: the rank and world size MindSpore gave this process;

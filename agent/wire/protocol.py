@@ -115,7 +115,7 @@ SCHEMAS: dict[str, _Schema] = {
 #: STATUS ``watch``: how a rank is watched, said once per rank (probe.watch).
 WATCH_DETAIL: _Schema = {"rank": ((int, type(None)), True), "mode": ((str,), True),
                          "how": ((str,), True), "reason": ((str,), True), "rerun": ((str,), False),
-                         # what the watch costs (probe.vital): said again when its plan changes
+                         # what the watch costs (probe.vitals.vital): said again when its plan changes
                          "cost": ((dict,), False)}
 #: ``cost``: the tier, the budget (share of a step), K (weights fingerprinted every K
 #: steps), the measured share, bytes copied or moved to the host and bytes read a step,

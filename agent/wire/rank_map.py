@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 from typing import Any, Iterable
 
-from rankscope.wire.atomic import atomic_write_bytes
+from rankscope.files.atomic import atomic_write_bytes
 
 FORMAT = "rankscope-rank-map/1"
 

@@ -2,7 +2,7 @@
 
 A rank whose own records for a step look wrong before its gradients are reduced runs the
 step's forward and backward once more, with the same inputs, parameters and RNG state,
-and says what came out (:mod:`rankscope.probe.rerun`). The detail is::
+and says what came out (:mod:`rankscope.probe.rerun.rerun`). The detail is::
 
     {"rank": 2, "step": 5, "outcome": "transient", "trigger": "loss is not finite",
      "bitwise": false, "differs_at": "loss", "used_rerun": true, "why": ""}
@@ -15,7 +15,7 @@ and says what came out (:mod:`rankscope.probe.rerun`). The detail is::
 - ``used_rerun``: the step went on with the re-run's result (``cluster.on_transient``
   ``skip``), so its gradient reduction never took the corrupted one.
 - ``replay``: the folder of the step's replay record on the rank's node
-  (rankscope.wire.replay_files), "" when none was kept; ``rankscope rerun`` replays it.
+  (rankscope.files.replay_files), "" when none was kept; ``rankscope rerun`` replays it.
 
 The classification a verdict carries is :func:`classification` of this detail: one
 spelling for the terminal, incident.json and the report.
@@ -25,7 +25,7 @@ from __future__ import annotations
 from typing import Any
 
 from rankscope.wire.errors import ProtocolError, check_map
-from rankscope.wire.watch_line import GRAPH, JIT
+from rankscope.text.watch_line import GRAPH, JIT
 
 WHAT = "rerun"
 REPRODUCED = "reproduced"

@@ -21,8 +21,8 @@ from rankscope.coordinator.launch.progress import format_verdict, shown, undecid
 from rankscope.coordinator.launch.watched import INCIDENT_EXIT, UNWATCHED_EXIT
 from rankscope.coordinator.offline.run import Analysis, Analyzer
 from rankscope.coordinator.offline.tree import TreeError, find_dumps
-from rankscope.wire.atomic import atomic_write_bytes
-from rankscope.wire.spans import rank_span
+from rankscope.files.atomic import atomic_write_bytes
+from rankscope.text.spans import rank_span
 
 SUMMARY_FILE = "analysis.json"
 #: Unread dumps listed in analysis.json; the rest are counted.

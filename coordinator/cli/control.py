@@ -15,7 +15,7 @@ import time
 from typing import Any
 
 from rankscope.coordinator.launch.progress import shown
-from rankscope.coordinator.logic.coverage import describe
+from rankscope.coordinator.logic.views.coverage import describe
 from rankscope.coordinator.server.actor import DEFAULT_NAMESPACE
 
 VERBS = ("status", "pause", "resume", "step", "terminate", "export", "collect")

@@ -17,7 +17,7 @@ from rankscope.coordinator.launch import msrun_args, preflight
 from rankscope.coordinator.launch.preflight import UsageError
 from rankscope.coordinator.launch.runner import ACTIONS, Launch, print_loud
 from rankscope.coordinator.launch.watched import UNWATCHED_EXIT
-from rankscope.wire.watch_line import TIERS
+from rankscope.text.watch_line import TIERS
 
 
 def build_parser() -> argparse.ArgumentParser:

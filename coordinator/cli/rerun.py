@@ -27,7 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from rankscope.coordinator.launch.env import ATTACH_DIR
-from rankscope.wire import replay_files, rerun_facts
+from rankscope.files import replay_files
+from rankscope.wire import rerun_facts
 from rankscope.wire.job_config import CONFIG_ENV, DUMP_PATH_ENV
 from rankscope.wire.layout import incident_rank_dir
 from rankscope.wire.ports import free_port

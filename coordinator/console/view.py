@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from rankscope.coordinator.logic.coverage import describe
+from rankscope.coordinator.logic.views.coverage import describe
 
 
 def page_snapshot(snapshot: dict[str, Any], export_dir: Path | None) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from pathlib import Path
 import rankscope
 from rankscope.wire import attach_report
 from rankscope.wire.job_config import CONFIG_ENV, DUMP_PATH_ENV
-from rankscope.wire.watch_line import LAUNCH_OUTPUT_ENV
+from rankscope.text.watch_line import LAUNCH_OUTPUT_ENV
 
 #: Holds the sitecustomize.py every launched Python process runs at start-up.
 ATTACH_DIR = Path(rankscope.__file__).resolve().parent / "_attach"

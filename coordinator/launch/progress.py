@@ -10,8 +10,8 @@ from typing import Any, Callable
 
 from rankscope.coordinator.launch.watched import attached_ranks
 from rankscope.coordinator.logic.verdict import JOB_WIDE
-from rankscope.wire.spans import rank_span
-from rankscope.wire.watch_line import cost_text, merged_cost, plan_of, watch_line
+from rankscope.text.spans import rank_span
+from rankscope.text.watch_line import cost_text, merged_cost, plan_of, watch_line
 
 
 class ProgressPrinter:

@@ -36,7 +36,7 @@ from rankscope.coordinator.launch.watched import (
 )
 from rankscope.coordinator.launch.worker_logs import WorkerLogLinks
 from rankscope.wire.job_state import TerminatedWatch
-from rankscope.wire.watch_line import stream_id
+from rankscope.text.watch_line import stream_id
 
 ACTIONS = ("pause", "export", "terminate", "continue")
 #: How long the end of the run waits for the node agent's word that the command's ranks
@@ -293,8 +293,8 @@ class Launch:
         """What the verdicts stand on, how each rank was watched, then every verdict."""
         self.say(self.watched_line(status))
         self._say_watch(status)
-        from rankscope.coordinator.logic.coverage import dump_text
-        from rankscope.coordinator.logic.reruns import strikes_text
+        from rankscope.coordinator.logic.views.coverage import dump_text
+        from rankscope.coordinator.logic.job.reruns import strikes_text
         report = ((status or {}).get("coverage") or {}).get(self.job) or {}
         for line in (dump_text(report), strikes_text(report.get("reruns") or {})):
             if line:
@@ -309,7 +309,7 @@ class Launch:
 
     def watched_line(self, status: dict | None) -> str:
         """What the verdict (or its absence) covers, from the coordinator's coverage."""
-        from rankscope.coordinator.logic.coverage import describe
+        from rankscope.coordinator.logic.views.coverage import describe
         if status is None:  # the verdict is already out; say what is unknown
             return "coverage unknown: the coordinator did not answer"
         report = (status.get("coverage") or {}).get(self.job)

@@ -1,5 +1,5 @@
 """Which ranks ``rankscope launch`` actually watched, and the end-of-run line that says so
-(the steps each was seen at are the coordinator's coverage, :mod:`rankscope.coordinator.logic.coverage`).
+(the steps each was seen at are the coordinator's coverage, :mod:`rankscope.coordinator.logic.views.coverage`).
 
 A verdict of "no divergence" is only worth what was watched: a rank that failed to
 attach trains on unwatched, so launch warns the moment it learns of one, counts it, and
@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from rankscope.wire.attach_report import read_failures, read_notes
-from rankscope.wire.spans import rank_span
-from rankscope.wire.watch_line import UNWATCHED
+from rankscope.text.spans import rank_span
+from rankscope.text.watch_line import UNWATCHED
 
 #: Exit status when the command succeeded but some or all of its ranks ran unwatched
 #: (and the user did not pass --allow-unwatched): the run was not what was asked for.

@@ -2,7 +2,7 @@
 
 The service (coordinator/actor.py) feeds it decoded messages (``on_register``,
 ``on_step``, ``on_heartbeat``, ``on_rank_lost``, ...), calls :meth:`tick` often, and
-performs the :class:`~rankscope.coordinator.logic.incident.Action` objects it hands out via
+performs the :class:`~rankscope.coordinator.logic.incidents.incident.Action` objects it hands out via
 :meth:`take_actions` (pause/export/resume/terminate every rank, write incident.json via
 :meth:`write_incident`). Time comes from the injected ``clock`` so tests script it.
 """
@@ -18,22 +18,22 @@ from typing import Any, Callable
 
 from rankscope.config.cluster import ClusterSettings, parse_cluster
 from rankscope.config.watchpoints import parse_watchpoints
-from rankscope.coordinator.logic import core_status
-from rankscope.coordinator.logic.aligner import (
+from rankscope.coordinator.logic.views import core_status
+from rankscope.coordinator.logic.align.aligner import (
     LIVE_STATES,
     Group,
     RankState,
     StepAligner,
     StepView,
 )
-from rankscope.coordinator.logic.coverage import Coverage
+from rankscope.coordinator.logic.views.coverage import Coverage
 from rankscope.coordinator.logic.detector_set import build_step_detectors
 from rankscope.coordinator.logic.detectors.progress import ProgressDetector
-from rankscope.coordinator.logic.failures import Death, FailureJudge
-from rankscope.coordinator.logic.identities import merge_rank_maps
-from rankscope.coordinator.logic.incident import Action, IncidentEvent
-from rankscope.coordinator.logic.incident_book import IncidentBook
-from rankscope.coordinator.logic.series import SeriesRecorder
+from rankscope.coordinator.logic.incidents.failures import Death, FailureJudge
+from rankscope.coordinator.logic.job.identities import merge_rank_maps
+from rankscope.coordinator.logic.incidents.incident import Action, IncidentEvent
+from rankscope.coordinator.logic.incidents.incident_book import IncidentBook
+from rankscope.coordinator.logic.views.series import SeriesRecorder
 from rankscope.coordinator.logic.verdict import Verdict
 from rankscope.wire.layout import rank_from_wire
 from rankscope.wire.records import StepBatch
@@ -288,7 +288,7 @@ class CoordinatorCore:
         self._quiet[key] = until
         return False
 
-    # --- incidents (coordinator/logic/incident_book.py) -----------------------------
+    # --- incidents (coordinator/logic/incidents/incident_book.py) -----------------------------
     @property
     def terminated_jobs(self) -> set[str]:
         return self.book.terminated_jobs

@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from rankscope.config.cluster import ClusterSettings
-from rankscope.coordinator.logic.aligner import StepView
+from rankscope.coordinator.logic.align.aligner import StepView
 from rankscope.coordinator.logic.verdict import Verdict
 from rankscope.wire.records import Kind
 

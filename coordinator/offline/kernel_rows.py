@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 
 from rankscope.coordinator.offline.dump_rows import DumpReadError, RankStep
-from rankscope.wire.array_stats import NP_TO_MS, array_stats
-from rankscope.wire.kernel_files import load_npy, parse_name
+from rankscope.files.array_stats import NP_TO_MS, array_stats
+from rankscope.files.kernel_files import load_npy, parse_name
 from rankscope.wire.records import Kind
 
 

@@ -19,7 +19,7 @@ import numpy as np
 
 from rankscope.config.cluster import OnDivergence, parse_cluster
 from rankscope.coordinator.logic.core import CoordinatorCore
-from rankscope.coordinator.logic.incident import IncidentEvent
+from rankscope.coordinator.logic.incidents.incident import IncidentEvent
 from rankscope.coordinator.offline.dump_rows import RankStep
 from rankscope.coordinator.offline.replicas import ReplicaLearner
 from rankscope.coordinator.offline.steps import StepReader

@@ -12,7 +12,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from rankscope.wire.atomic import atomic_write_bytes
+from rankscope.files.atomic import atomic_write_bytes
 
 HISTORY_FILE = "history.json"
 #: How a non-finite value is spelled in history.json and incident.json.

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from rankscope.coordinator.logic.recent import NONFINITE_DEVIATION
+from rankscope.coordinator.logic.views.recent import NONFINITE_DEVIATION
 from rankscope.coordinator.report.fmt import as_float
 
 #: Marks drawn per curve plot; past it the rest are counted in the legend.

@@ -14,7 +14,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from rankscope.coordinator.logic.incident_store import iso
+from rankscope.coordinator.logic.incidents.incident_store import iso
 from rankscope.coordinator.logic.verdict import JOB_WIDE
 from rankscope.coordinator.report import findings, plots, proof
 from rankscope.coordinator.report.context import (
@@ -28,7 +28,7 @@ from rankscope.coordinator.report.fmt import esc, muted, num, when
 from rankscope.coordinator.report.history import load_history
 from rankscope.coordinator.report.timeline_plot import failure_timeline_svg
 from rankscope.coordinator.report.where import where_section
-from rankscope.wire.atomic import atomic_write_bytes
+from rankscope.files.atomic import atomic_write_bytes
 
 REPORT_FILE = "report.html"
 #: Heatmap cap: beyond this many cells the step window is narrowed around the

@@ -18,8 +18,8 @@ import logging
 from pathlib import Path
 from typing import Any, Callable
 
-from rankscope.coordinator.logic import core_status
-from rankscope.coordinator.logic.incident import Action, ActionKind
+from rankscope.coordinator.logic.views import core_status
+from rankscope.coordinator.logic.incidents.incident import Action, ActionKind
 from rankscope.coordinator.report.history import history_from_series, save_history
 from rankscope.rdr.transfer import BundleAssembler
 from rankscope.wire.layout import incident_dir, incident_rank_dir

@@ -4,7 +4,7 @@ Shards push their findings as calls of the (threaded) verdict actor, which may r
 order: a push saying "judged through step 11" could be merged before the one saying "step
 10, and this rank there". Merged that way, step 10 would be released without that shard's
 verdict, and the merge's judged step would then go back to 10 and stay there. Each push is
-numbered by its shard (:mod:`rankscope.coordinator.logic.in_order`); this inbox hands them on
+numbered by its shard (:mod:`rankscope.coordinator.logic.align.in_order`); this inbox hands them on
 in that order.
 """
 from __future__ import annotations
@@ -14,7 +14,7 @@ import queue
 import time
 from typing import Callable
 
-from rankscope.coordinator.logic.in_order import Senders
+from rankscope.coordinator.logic.align.in_order import Senders
 
 log = logging.getLogger(__name__)
 

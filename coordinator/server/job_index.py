@@ -15,7 +15,7 @@ import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from rankscope.wire.atomic import atomic_write_bytes
+from rankscope.files.atomic import atomic_write_bytes
 from rankscope.wire.layout import safe_id
 
 

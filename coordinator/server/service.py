@@ -14,8 +14,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rankscope.coordinator.logic.captures import CaptureBook
-from rankscope.coordinator.logic.identities import JobIdentities
+from rankscope.coordinator.logic.views.captures import CaptureBook
+from rankscope.coordinator.logic.job.identities import JobIdentities
 from rankscope.coordinator.server.actions import ActionPerformer
 from rankscope.coordinator.server.frontend import Frontend, Handlers, Peer
 from rankscope.coordinator.server.gc_pace import GcPacer
@@ -74,16 +74,16 @@ class CoordinatorService(StatusReports, ConsoleQueries, Handlers):
         self.link = link
         self.ingest: Any = self.core
         if link is not None:
-            from rankscope.coordinator.logic.coverage import ShardedCoverage
-            from rankscope.coordinator.logic.merge import VerdictMerge
-            from rankscope.coordinator.logic.summaries import ShardSummaries
+            from rankscope.coordinator.logic.views.coverage import ShardedCoverage
+            from rankscope.coordinator.logic.shards.merge import VerdictMerge
+            from rankscope.coordinator.logic.shards.summaries import ShardSummaries
             from rankscope.coordinator.server.findings_in import FindingsInbox
             self.merge, self.inbox = VerdictMerge(len(link.handles)), FindingsInbox()
             # Coverage and the report's curves come from the shards, which see the records.
             self.core.coverage = ShardedCoverage(len(link.handles))
             self.summaries = ShardSummaries(len(link.handles), self.core.coverage, self.core.series)
             self.actions.proof = self._shard_proof
-            from rankscope.coordinator.logic.shard import resync_events
+            from rankscope.coordinator.logic.shards.shard import resync_events
             link.snapshot = lambda: resync_events(self.core)  # called on the loop thread (flush)
             self.ingest = link.fan_out(self.core)
             self._replies: list[tuple] = []
@@ -236,7 +236,7 @@ class CoordinatorService(StatusReports, ConsoleQueries, Handlers):
         self.frontend.call(self.link.restarted, index)
 
     def _add_findings(self, found: list[dict]) -> None:
-        from rankscope.coordinator.logic.shard import ShardFindings
+        from rankscope.coordinator.logic.shards.shard import ShardFindings
         for f in map(ShardFindings.from_dict, found):
             self.merge.add(f)
             self.summaries.add(f)
@@ -250,7 +250,7 @@ class CoordinatorService(StatusReports, ConsoleQueries, Handlers):
     def _shard_proof(self, verdict: dict) -> dict:
         """An incident's proof from the shards that hold the steps around it (loop thread,
         when the incident is written)."""
-        from rankscope.coordinator.logic.summaries import merge_proofs
+        from rankscope.coordinator.logic.shards.summaries import merge_proofs
         try:
             proofs = self.link.proof(verdict)
         except Exception as exc:  # noqa: BLE001 - a report without its proof beats no report
@@ -340,8 +340,8 @@ class CoordinatorService(StatusReports, ConsoleQueries, Handlers):
 
     def _write_coverage(self) -> None:
         """coverage.json: what every verdict of this run (or its absence) stands on."""
-        from rankscope.coordinator.logic.coverage import describe
-        from rankscope.wire.atomic import atomic_write_bytes
+        from rankscope.coordinator.logic.views.coverage import describe
+        from rankscope.files.atomic import atomic_write_bytes
         reports = self.frontend.call_sync(self._coverage)
         doc = {"jobs": {j: {**r, "summary": describe(r)} for j, r in reports.items()}}
         try:

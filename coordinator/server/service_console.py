@@ -98,7 +98,7 @@ class ConsoleQueries:
 
     def _console_capture(self, args: dict) -> dict:
         """Every kept capture (no ``id``), or one with the window ``a``, ``b``, ``index``,
-        ``row``, ``col`` choose (rankscope.coordinator.logic.captures)."""
+        ``row``, ``col`` choose (rankscope.coordinator.logic.views.captures)."""
         cid = args.get("id")
         if cid is None:
             return {"captures": self.captures.rows()}  # type: ignore[attr-defined]
@@ -120,7 +120,7 @@ class ConsoleQueries:
     def _recheck(self, rules: tuple | None) -> dict:
         if self.link is not None:
             raise ValueError("console recheck: with ingest shards the kept steps are the shards'")
-        from rankscope.coordinator.logic.recheck import recheck
+        from rankscope.coordinator.logic.views.recheck import recheck
         return recheck(self.core.series.recent.all_views(), tuple(self._watchpoints()) if rules is None else rules)
 
     def _watchpoint_rows(self) -> list[dict]:

@@ -60,7 +60,7 @@ class StatusReports:
         }
 
     def _shard_status(self, brief: bool = False) -> dict:
-        from rankscope.coordinator.logic.summaries import merge_counters
+        from rankscope.coordinator.logic.shards.summaries import merge_counters
         shards = self.link.status(brief)
         # The verdict actor takes no records itself: its counters are the shards'.
         return {"shards": shards, "records": sum(s.get("records", 0) for s in shards),

@@ -2,7 +2,7 @@
 
 Each shard actor binds its own ZeroMQ ROUTER, to which node agents send the STEP frames of
 its kinds (the shard map and endpoints come with the registration reply), and runs a
-:class:`~rankscope.coordinator.logic.shard.ShardCore` on its front end's loop thread.
+:class:`~rankscope.coordinator.logic.shards.shard.ShardCore` on its front end's loop thread.
 Everything else a rank says (registration, heartbeats, losses) reaches the verdict actor,
 which hands it on to every shard in order (:class:`ShardLink`). Each tick a shard judges
 what is complete and pushes its findings to the verdict actor, which merges them.
@@ -30,7 +30,7 @@ from typing import Any, Callable
 
 import ray
 
-from rankscope.coordinator.logic.in_order import InOrder
+from rankscope.coordinator.logic.align.in_order import InOrder
 from rankscope.coordinator.server.frontend import Frontend, Handlers, Peer
 from rankscope.coordinator.server.gc_pace import GcPacer
 from rankscope.coordinator.server.names_file import NamesFile
@@ -79,7 +79,7 @@ class ShardService(Handlers):
         ``restarted``: this is that restart (records wait for the verdict actor's resync);
         ``pace_gc``: the process is this shard's own (:mod:`.gc_pace`)."""
         from rankscope.config.cluster import parse_cluster
-        from rankscope.coordinator.logic.shard import ShardCore
+        from rankscope.coordinator.logic.shards.shard import ShardCore
         self.index = index
         self._node = ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
         self.core = ShardCore(parse_cluster(cluster), shard=index)

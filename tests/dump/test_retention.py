@@ -7,7 +7,7 @@ import pytest
 
 from rankscope.config.cluster import parse_cluster
 from rankscope.config.errors import ConfigError
-from rankscope.coordinator.logic.coverage import Coverage, dump_text
+from rankscope.coordinator.logic.views.coverage import Coverage, dump_text
 from rankscope.dump.retention import MAX_PINNED, DumpRetention, RetentionPolicy
 from rankscope.dump.writer import DumpWriter
 from rankscope.wire import protocol

@@ -139,7 +139,7 @@ def test_model_train_is_probed_through_the_callback(tmp_path):
 def test_processes_without_mindspore_pay_nothing(tmp_path):
     env = dict(os.environ, RANKSCOPE_ATTACH="1",
                PYTHONPATH=os.pathsep.join([str(ROOT / "agent" / "_attach"), str(ROOT)]))
-    code = ("import sys; import rankscope.probe.autoattach as a; "
+    code = ("import sys; import rankscope.probe.attach.autoattach as a; "
             "print('mindspore' in sys.modules, 'rankscope.probe.debugger' in sys.modules, a._finder is not None)")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
     assert out.stdout.split() == ["False", "False", "True"], out.stderr

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from rankscope.probe import autoattach
+from rankscope.probe.attach import autoattach
 
 
 def test_msrun_scheduler_process_is_not_probed(monkeypatch):

@@ -1,13 +1,13 @@
 """The rank's side of a capture: a request naming this rank is taken when the next step
 begins, the tensor offered under its name is saved whole and sent, a name never offered is
-answered with the step, and a full outbox never stalls the step (rankscope.probe.capture)."""
+answered with the step, and a full outbox never stalls the step (rankscope.probe.tensors.capture)."""
 from __future__ import annotations
 
 import queue
 
 import numpy as np
 
-from rankscope.probe.capture import Captures
+from rankscope.probe.tensors.capture import Captures
 from rankscope.wire import capture_values
 
 

@@ -2,7 +2,7 @@
 alternating blocks of steps so that a drift in step time is not read as their cost."""
 from __future__ import annotations
 
-from rankscope.probe.cell_plan import DROPPED, KEPT, MEASURING_OFF, MEASURING_ON, RESUME, SUSPEND, CellPlan
+from rankscope.probe.vitals.cell_plan import DROPPED, KEPT, MEASURING_OFF, MEASURING_ON, RESUME, SUSPEND, CellPlan
 
 
 def run(plan: CellPlan, on_s, off_s, probe_s: float = 0.0005, steps: int | None = None) -> list[str | None]:

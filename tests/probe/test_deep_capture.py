@@ -12,7 +12,7 @@ ms = pytest.importorskip("mindspore")
 from mindspore import nn  # noqa: E402
 
 from rankscope import PrecisionDebugger  # noqa: E402
-from rankscope.probe.cell_plan import DROPPED  # noqa: E402
+from rankscope.probe.vitals.cell_plan import DROPPED  # noqa: E402
 
 ms.set_context(mode=ms.PYNATIVE_MODE, device_target="CPU")
 AT = 6

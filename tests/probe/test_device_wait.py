@@ -9,8 +9,8 @@ import threading
 import numpy as np
 import pytest
 
-from rankscope.probe import device_wait
-from rankscope.probe.stats import wait_for_device
+from rankscope.probe.tensors import device_wait
+from rankscope.probe.tensors.stats import wait_for_device
 
 
 def _tid_of(name: str) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rankscope.probe import fingerprint as fp
+from rankscope.probe.vitals import fingerprint as fp
 
 ms = pytest.importorskip("mindspore")
 
@@ -81,7 +81,7 @@ def test_a_kept_host_view_follows_in_place_updates_and_is_taken_again_when_the_t
     ms = pytest.importorskip("mindspore")
     from mindspore import ops
 
-    from rankscope.probe.vital import Piece
+    from rankscope.probe.vitals.vital import Piece
 
     p = ms.Parameter(ms.Tensor(np.arange(64, dtype=np.float32)), name="w")
     piece = Piece("w", p, 0, 64, 256, [64])
@@ -89,7 +89,7 @@ def test_a_kept_host_view_follows_in_place_updates_and_is_taken_again_when_the_t
     assert not copied and piece.bytes is not None  # the parameter's own memory, kept
     before = fp.hash_bytes(raw)
     ops.assign(p, p + 1.0)  # an in-place update, as an optimizer's
-    from rankscope.probe.stats import wait_for_device
+    from rankscope.probe.tensors.stats import wait_for_device
     wait_for_device()
     kept, _ = piece.host_bytes({})
     assert kept is piece.bytes and fp.hash_bytes(kept) == fp.host_fingerprint(p.asnumpy()) != before

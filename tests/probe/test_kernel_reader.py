@@ -16,10 +16,10 @@ from repo_paths import REPO
 
 from rankscope.config.cluster import parse_cluster
 from rankscope.config.errors import ConfigError
-from rankscope.probe import kernel_config
-from rankscope.probe.kernel_config import KernelDump
-from rankscope.probe.kernel_reader import KernelReader
-from rankscope.wire.kernel_files import parse_name, read_statistic_csv
+from rankscope.probe.graph import kernel_config
+from rankscope.probe.graph.kernel_config import KernelDump
+from rankscope.probe.graph.kernel_reader import KernelReader
+from rankscope.files.kernel_files import parse_name, read_statistic_csv
 from rankscope.wire.records import NO_CRC, Kind
 
 SCOPE = "Default_loss_net-WeightedLoss_net-Tower_l1-Dense_MatMul-op0"
@@ -100,7 +100,7 @@ def test_an_allreduce_outside_a_reducer_cell_is_local_in_and_received_out(tmp_pa
 def test_a_tensor_parallel_allreduce_stays_a_forward_record_read_as_received(tmp_path, monkeypatch):
     """A script that runs collectives in groups of its own (a row-parallel layer's
     AllReduce in tp_0): an AllReduce outside the reducer is that layer's, not gradients."""
-    from rankscope.probe import layout_probe
+    from rankscope.probe.comm import layout_probe
     monkeypatch.setattr(layout_probe, "_collectives", {("AllReduce", "mccl_world_group")})
     root, op = tmp_path / "kernels", "Default_net-TPNet_fc2-RowParallel_AllReduce-op3"
     order_csv(root, [op])
@@ -304,14 +304,14 @@ def test_tensor_task_keeps_kernel_files_in_msprobes_static_graph_layout_for_coll
 
 @pytest.mark.parametrize("ops", [[0, 1, 2, 3], [3, 2, 1, 0], [1, 3, 0, 2]])
 def test_gradient_allreduce_kernels_are_named_by_shape(ops):
-    from rankscope.probe.kernel_reader import match_by_shape
+    from rankscope.probe.graph.kernel_reader import match_by_shape
     params = [("w1", (4, 3)), ("b1", (4,)), ("w2", (2, 4)), ("b2", (2,))]
     kernels = [(op, params[i][1]) for i, op in enumerate(ops)]
     assert match_by_shape(kernels, params) == ["w1", "b1", "w2", "b2"]
 
 
 def test_same_shaped_gradients_follow_the_direction_of_the_unique_ones():
-    from rankscope.probe.kernel_reader import match_by_shape
+    from rankscope.probe.graph.kernel_reader import match_by_shape
     params = [("w1", (8, 8)), ("b1", (8,)), ("w2", (8, 8)), ("b2", (8,)), ("head", (1, 8))]
     # numbered last gradient first, as MindSpore does for a reducer's HyperMap
     kernels = [(4 - i, s) for i, (_, s) in enumerate(params)]
@@ -323,7 +323,7 @@ def test_same_shaped_gradients_follow_the_direction_of_the_unique_ones():
                                  np.array([True, False]), np.zeros((0, 3), np.int64),
                                  np.asfortranarray(np.arange(6, dtype=np.float64).reshape(2, 3))])
 def test_kernel_tensors_load_exactly_as_numpy_writes_them(tmp_path, arr):
-    from rankscope.wire.kernel_files import load_npy
+    from rankscope.files.kernel_files import load_npy
     path = tmp_path / "t.npy"
     np.save(path, arr)
     got = load_npy(str(path))
@@ -334,7 +334,7 @@ def test_kernel_tensors_load_exactly_as_numpy_writes_them(tmp_path, arr):
 def test_a_float16_label_on_float32_data_from_mindspores_cpu_dump_is_read_as_written():
     # A real file from MindSpore 2.10's CPU dump of an AMP O2 job (see the folder's README):
     # read as its header says, it held NaN and Inf, and a clean job was stopped for it.
-    from rankscope.wire.kernel_files import load_npy, parse_name
+    from rankscope.files.kernel_files import load_npy, parse_name
     [path] = (REPO / "tests" / "data" / "mindspore_cpu_amp_o2").glob("*.npy")
     raw = path.read_bytes()
     assert b"'descr': '<f2'" in raw[:128] and parse_name(path.name).dtype == "Float16"
@@ -346,7 +346,7 @@ def test_a_float16_label_on_float32_data_from_mindspores_cpu_dump_is_read_as_wri
 
 
 def test_a_kernel_file_whose_size_fits_no_float_width_is_refused_by_name(tmp_path):
-    from rankscope.wire.kernel_files import load_npy
+    from rankscope.files.kernel_files import load_npy
     path = tmp_path / "t.npy"
     np.save(path, np.arange(6, dtype=np.int32))
     with open(path, "ab") as fh:
@@ -392,7 +392,7 @@ def test_a_graph_run_twice_before_its_folder_is_read_hands_its_runs_over_in_time
             def __exit__(self, *exc):
                 return False
         return _Listing(entries)
-    monkeypatch.setattr("rankscope.probe.kernel_reader.os.scandir", backwards)
+    monkeypatch.setattr("rankscope.probe.graph.kernel_reader.os.scandir", backwards)
     reader = KernelReader(KernelDump(root, True, "tensor", "kernels AllReduce"), lambda *_: None)
     reader.submit()
     rows = reader.collect()

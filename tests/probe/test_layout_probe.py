@@ -10,11 +10,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rankscope.probe import layout_probe
-from rankscope.probe.collectives import CollectiveHooks
+from rankscope.probe.comm import layout_probe
+from rankscope.probe.comm.collectives import CollectiveHooks
 from rankscope.probe.hooks.recorder import Recorder
-from rankscope.probe.layout_probe import LayoutProbe, find_parallel_config, param_layouts
-from rankscope.probe.sync_tracker import SyncTracker
+from rankscope.probe.comm.layout_probe import LayoutProbe, find_parallel_config, param_layouts
+from rankscope.probe.comm.sync_tracker import SyncTracker
 from rankscope.wire.collective_names import parse_collective
 
 

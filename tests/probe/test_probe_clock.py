@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from rankscope.probe.probe_clock import ProbeClock
+from rankscope.probe.vitals.probe_clock import ProbeClock
 
 
 def busy(seconds: float) -> None:

@@ -14,7 +14,7 @@ ms = pytest.importorskip("mindspore")
 from mindspore import nn  # noqa: E402
 
 from rankscope import PrecisionDebugger  # noqa: E402
-from rankscope.probe import layout_probe  # noqa: E402
+from rankscope.probe.comm import layout_probe
 
 ms.set_context(mode=ms.PYNATIVE_MODE, device_target="CPU")
 STEPS, AT = 14, 10
@@ -126,7 +126,7 @@ def test_a_job_with_collectives_of_its_own_is_not_re_run(tmp_path, monkeypatch):
 
 
 def test_a_step_that_starts_from_poisoned_weights_is_not_re_run():
-    from rankscope.probe.rerun import _poisoned
+    from rankscope.probe.rerun.rerun import _poisoned
     w = ms.Parameter(ms.Tensor(np.ones((2, 2), np.float32)), name="w")
     assert not _poisoned([w]) and not _poisoned(w)
     w.set_data(ms.Tensor(np.array([[1, np.nan], [0, 0]], np.float32)))

@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from rankscope.probe import forward_check
+from rankscope.probe.rerun import forward_check
 
 ms = pytest.importorskip("mindspore")
 from mindspore import nn  # noqa: E402

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import math
 
-from rankscope.probe.rerun_gate import AnomalyGate, GateSettings
+from rankscope.probe.rerun.rerun_gate import AnomalyGate, GateSettings
 
 
 def warmed(n: int = 10) -> AnomalyGate:

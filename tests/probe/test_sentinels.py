@@ -11,7 +11,7 @@ ms = pytest.importorskip("mindspore")
 from mindspore import nn  # noqa: E402
 
 from rankscope import PrecisionDebugger  # noqa: E402
-from rankscope.probe import fingerprint  # noqa: E402
+from rankscope.probe.vitals import fingerprint
 from rankscope.wire.records import Kind  # noqa: E402
 
 ms.set_context(mode=ms.PYNATIVE_MODE, device_target="CPU")

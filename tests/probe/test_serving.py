@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rankscope.probe.serving import BatchBoundary, input_shape
+from rankscope.probe.attach.serving import BatchBoundary, input_shape
 
 
 class T:  # anything with a shape and a dtype reads as a tensor
@@ -56,7 +56,7 @@ def ms_cells():
 
 def test_the_finder_picks_the_outermost_cell_with_weights_then_goes_away(ms_cells):
     ms, nn = ms_cells
-    from rankscope.probe.serving import ServingFinder
+    from rankscope.probe.attach.serving import ServingFinder
 
     class Net(nn.Cell):
         def __init__(self):
@@ -86,7 +86,7 @@ def test_the_finder_picks_the_outermost_cell_with_weights_then_goes_away(ms_cell
 
 def test_the_finder_leaves_a_process_that_trains(ms_cells):
     ms, nn = ms_cells
-    from rankscope.probe.serving import ServingFinder
+    from rankscope.probe.attach.serving import ServingFinder
     found = []
     finder = ServingFinder(lambda: False, lambda *a: found.append(a))
     orig = nn.Cell.__call__
@@ -102,7 +102,7 @@ def test_the_driver_makes_one_step_per_request_batch_with_its_tokens(ms_cells, t
 
     ms, nn = ms_cells
     from rankscope import PrecisionDebugger
-    from rankscope.probe.serving import ServingDriver
+    from rankscope.probe.attach.serving import ServingDriver
 
     class Net(nn.Cell):
         def __init__(self):

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from rankscope.wire.kernel_files import read_statistic_csv
+from rankscope.files.kernel_files import read_statistic_csv
 
 FIXED_20 = (
     "Op Type,Op Name,Task ID,Stream ID,Timestamp,IO,Slot,Data Size,Data Type,Shape,Max Value,Min Value,Avg Value,"

@@ -1,4 +1,4 @@
-"""rankscope.probe.stats against NumPy references, for every dtype class the seed names."""
+"""rankscope.probe.tensors.stats against NumPy references, for every dtype class the seed names."""
 from __future__ import annotations
 
 import math
@@ -7,7 +7,7 @@ import zlib
 import numpy as np
 import pytest
 
-from rankscope.probe.stats import array_stats, tensor_stats
+from rankscope.probe.tensors.stats import array_stats, tensor_stats
 from rankscope.wire.records import NO_CRC
 
 
@@ -111,7 +111,7 @@ def test_large_tensors_take_the_one_pass_chunked_path():
 
 def test_device_side_batch_matches_the_host_path():
     ms = pytest.importorskip("mindspore")
-    from rankscope.probe.stats import device_stats_batch, stats_from_device_row
+    from rankscope.probe.tensors.stats import device_stats_batch, stats_from_device_row
     rs = np.random.RandomState(7)
     arrays = [rs.randn(16, 9).astype(np.float32), rs.randn(5).astype(np.float16),
               np.array([1.0, np.nan, np.inf, -2.0], np.float32)]

@@ -100,7 +100,7 @@ SCRIPT = textwrap.dedent("""
         finite.append(bool(ok))
     print("RESULT", json.dumps({"losses": losses, "finite": finite}))
     if sys.argv[2] == "1":  # what the watch recorded: steps ended, the loss scale of each
-        from rankscope.probe import autoattach
+        from rankscope.probe.attach import autoattach
         dbg = autoattach.session().debugger
         dbg.graph._settle()  # a compiled step's end is settled at the next step, or at exit
         scales = []

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rankscope.probe.budget import FLOOR_BYTES, PLAN_SHARE, REPLAN_EVERY, WARMUP, WatchBudget, due, pow2_at_least
+from rankscope.probe.vitals.budget import FLOOR_BYTES, PLAN_SHARE, REPLAN_EVERY, WARMUP, WatchBudget, due, pow2_at_least
 
 
 def _feed(b: WatchBudget, steps: int, step_s: float, vital_s: float, per_piece_s: float, pieces: int,

@@ -80,7 +80,7 @@ def test_the_newest_sync_point_is_read_after_a_sigkill_with_the_position(tmp_pat
     # Stored at every collective the rank enters or leaves: heartbeats carry it later.
     path = tmp_path / "8.pos"
     code = ("import os, signal\n"
-            "from rankscope.probe.sync_tracker import SyncTracker\n"
+            "from rankscope.probe.comm.sync_tracker import SyncTracker\n"
             "from rankscope.wire.position import PositionWriter\n"
             f"w = PositionWriter({str(path)!r}); t = SyncTracker(clock=lambda: 1234.5); t.file = w\n"
             "w.write(6, 2**32 - 1); t.new_step(6); t.enter('AllReduce'); t.leave('AllReduce'); t.enter('AllReduce')\n"

@@ -8,7 +8,7 @@ from rankscope.coordinator.launch.progress import ProgressPrinter, watch_summary
 from rankscope.coordinator.logic.core import CoordinatorCore
 from rankscope.wire import protocol
 from rankscope.wire.protocol import Decoder, Message, ProtocolError
-from rankscope.wire.watch_line import watch_line
+from rankscope.text.watch_line import watch_line
 
 GOOD = {"rank": 2, "mode": "GRAPH", "how": "the kernel dump", "reason": ""}
 
@@ -108,7 +108,7 @@ def test_a_rank_leaves_its_watch_line_to_launch_only_when_launch_prints_on_the_s
     import sys
 
     from rankscope.probe.watch import WatchReporter
-    from rankscope.wire.watch_line import LAUNCH_OUTPUT_ENV, stream_id
+    from rankscope.text.watch_line import LAUNCH_OUTPUT_ENV, stream_id
     log, other = tmp_path / "log", tmp_path / "other"
     other.write_text("")
     with open(log, "w") as fh, open(other) as elsewhere:
@@ -125,7 +125,7 @@ def test_a_rank_leaves_its_watch_line_to_launch_only_when_launch_prints_on_the_s
 def test_stream_id_is_empty_for_a_stream_without_a_descriptor():
     import io
 
-    from rankscope.wire.watch_line import stream_id
+    from rankscope.text.watch_line import stream_id
     assert stream_id(io.StringIO()) == "" and stream_id(-1) == ""
 
 
@@ -186,7 +186,7 @@ def test_the_watch_cost_travels_validated_and_reads_as_one_phrase():
 
 
 def test_launch_says_a_ranks_watch_again_when_its_plan_changes_and_coverage_keeps_the_bound():
-    from rankscope.coordinator.logic.coverage import describe
+    from rankscope.coordinator.logic.views.coverage import describe
     core = CoordinatorCore({}, clock=lambda: 0.0, wall_clock=lambda: 0.0)
     lines: list[str] = []
     pp = ProgressPrinter(lines.append)

@@ -13,7 +13,7 @@ import functools
 import importlib
 from typing import Any, Callable
 
-from rankscope.probe import compile_guard
+from rankscope.probe.graph import compile_guard
 from rankscope.probe.hooks.recorder import Recorder
 from rankscope.wire.records import Kind
 

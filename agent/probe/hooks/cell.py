@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rankscope.probe import compile_guard
+from rankscope.probe.graph import compile_guard
 from rankscope.probe.hooks.recorder import Recorder
 from rankscope.wire.records import Kind
 
@@ -33,7 +33,7 @@ class CellHooks:
         self.attached: set[int] = set()
         #: What attach() was given, in order: what resume() attaches again.
         self._given: list[Any] = []
-        #: True while the hooks are taken off to save their cost (rankscope.probe.cell_plan).
+        #: True while the hooks are taken off to save their cost (rankscope.probe.vitals.cell_plan).
         self.suspended = False
         #: Each hooked Cell by its record prefix (``Cell.{path}.{Class}``): what a record's
         #: name leads back to (a re-run watches the Cell a forward NaN came from).

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from rankscope.probe import compile_guard
+from rankscope.probe.graph import compile_guard
 from rankscope.wire.records import Kind
 
 

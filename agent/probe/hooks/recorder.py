@@ -3,7 +3,7 @@
 One :class:`Recorder` per debugger. Hooks hand it tensors with a name and a Kind; it
 computes the stats once, appends a row to the step's StepBatchBuilder (what streams)
 and returns the msProbe entry dict (what the dump writer writes). Nothing here touches
-MindSpore ops: stats go through NumPy (see rankscope.probe.stats), so a hook can never recurse
+MindSpore ops: stats go through NumPy (see rankscope.probe.tensors.stats), so a hook can never recurse
 into a wrapped API or change the graph.
 """
 from __future__ import annotations
@@ -14,9 +14,9 @@ import sys
 import traceback
 from typing import Any, Callable
 
-from rankscope.probe import compile_guard
+from rankscope.probe.graph import compile_guard
 from rankscope.probe.hooks.grad_hooks import GradHooks
-from rankscope.probe.stats import TensorStats, is_tensor, tensor_stats, wait_for_device
+from rankscope.probe.tensors.stats import TensorStats, is_tensor, tensor_stats, wait_for_device
 from rankscope.wire.records import NO_CRC, Kind, NameTable, StepBatchBuilder
 
 _DEVICE_FLOATS = frozenset({"Float32", "Float16", "BFloat16", "Float64"})
@@ -82,7 +82,7 @@ class Recorder(GradHooks):
         #: decode iterations), so they are read at once.
         self.params_now: Callable[[], bool] = lambda: True
         #: On an accelerator, compute stats device-side and read all of a step's scalars
-        #: back in one transfer (rankscope.probe.stats.device_stats_batch); on CPU, NumPy over the
+        #: back in one transfer (rankscope.probe.tensors.stats.device_stats_batch); on CPU, NumPy over the
         #: zero-copy host view is the device pass.
         self.device_side = False
         #: While a hooked root model's forward runs, grad-hook registrations are queued
@@ -94,9 +94,9 @@ class Recorder(GradHooks):
         #: them instead of reading a parameter again.
         self.param_cache: dict[int, TensorStats] = {}
         #: The Cells' parameters and parameter gradients are left to the sentinels once an
-        #: optimizer is stepping (the default tier under launch, rankscope.probe.vital).
+        #: optimizer is stepping (the default tier under launch, rankscope.probe.vitals.vital).
         self.lean_cells = False
-        #: Values asked for at this step (rankscope.probe.capture.Captures): every queued
+        #: Values asked for at this step (rankscope.probe.tensors.capture.Captures): every queued
         #: tensor is offered by its record name while one is.
         self.capture: Any = None
         #: Called when a hooked root model's forward begins (the step's start in loops
@@ -148,7 +148,7 @@ class Recorder(GradHooks):
 
     def row_known(self, name: str, kind: Kind, st: TensorStats) -> None:
         """Queue a streamed row whose stats are known; ``st.crc`` may be a Future
-        (rankscope.probe.stats.crc32_later), joined when the row is resolved."""
+        (rankscope.probe.tensors.stats.crc32_later), joined when the row is resolved."""
         self._pending.append((name, kind, None, False, None, st))
 
     def insert_known(self, rows: list[tuple[str, Kind, TensorStats]]) -> None:
@@ -170,7 +170,7 @@ class Recorder(GradHooks):
         return release
 
     def capturing(self) -> Any:
-        """The step's capture requests (rankscope.probe.capture.Captures) while any waits
+        """The step's capture requests (rankscope.probe.tensors.capture.Captures) while any waits
         for its tensor, else None: one check a step where nothing was asked."""
         cap = self.capture
         return cap if cap is not None and cap.active else None
@@ -204,7 +204,7 @@ class Recorder(GradHooks):
         on_device = self._device_rows(pending) if self.device_side and pending else {}
         if not self.device_side and any(item[5] is None and item[2] is not None for item in pending):
             # The one drain, made here: asnumpy would make it too, but spinning on the
-            # training thread and inside the probe's own time (rankscope.probe.device_wait).
+            # training thread and inside the probe's own time (rankscope.probe.tensors.device_wait).
             wait_for_device()
         cap = self.capturing()
         for idx, (name, kind, value, crc, entry, st) in enumerate(pending):
@@ -213,7 +213,7 @@ class Recorder(GradHooks):
                     cap.offer(name, value)
                 if st is None:
                     st = on_device.get(idx) or tensor_stats(value, crc)
-                elif callable(st):  # computed now, in record order (rankscope.probe.vital)
+                elif callable(st):  # computed now, in record order (rankscope.probe.vitals.vital)
                     st = st()
                 elif not isinstance(st.crc, int):  # a CRC still being computed
                     st.crc = st.crc.result()
@@ -288,7 +288,7 @@ class Recorder(GradHooks):
 
     def _device_rows(self, pending: list[tuple]) -> dict[int, TensorStats]:
         """Float tensors that need no CRC and no file: stats on the device, one readback."""
-        from rankscope.probe.stats import device_stats_batch, stats_from_device_row
+        from rankscope.probe.tensors.stats import device_stats_batch, stats_from_device_row
         picked, meta = [], []
         for idx, (_name, _kind, value, crc, entry, known) in enumerate(pending):
             if known is not None or crc or (entry is not None and self.task == "tensor") or not is_tensor(value):
@@ -312,7 +312,7 @@ class Recorder(GradHooks):
     def _save_tensor(self, name: str, value: Any) -> str | None:
         import numpy as np
 
-        from rankscope.probe.stats import to_numpy
+        from rankscope.probe.tensors.stats import to_numpy
         arr, dtype_name = to_numpy(value)
         if dtype_name == "BFloat16":  # .npy has no bf16: store the exact float32 widening
             arr = (arr.astype(np.uint32) << 16).view(np.float32)

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from rankscope.coordinator.logic.aligner import NO_EXEC, StepView
+from rankscope.coordinator.logic.align.aligner import NO_EXEC, StepView
 from rankscope.coordinator.logic.verdict import Verdict
 from rankscope.wire.records import NO_CRC, STAT_COLUMNS, Kind
 

@@ -21,7 +21,7 @@ among the ranks of one data replica and one stage; and parameters whose name hol
 Learned per name: the ranks of a group must hold it equal the first time they are
 compared, so a norm sharded on purpose and loaded per shard, or an untied output layer,
 is never taken for a copy. Groups come from
-:class:`~rankscope.coordinator.logic.row_sets.RowSets`: a row's data replica and stage.
+:class:`~rankscope.coordinator.logic.job.row_sets.RowSets`: a row's data replica and stage.
 
 How it can be wrong: a norm sharded on purpose but started alike on every shard (a
 per-head norm over a sharded head dimension, initialised to ones), or two untied
@@ -36,11 +36,11 @@ from typing import Callable
 
 import numpy as np
 
-from rankscope.coordinator.logic.aligner import StepView
+from rankscope.coordinator.logic.align.aligner import StepView
 from rankscope.coordinator.logic.detectors import systematic
 from rankscope.coordinator.logic.detectors.common import MAX_EVIDENCE_RANKS, crc_hex
 from rankscope.coordinator.logic.detectors.named import PARAM_START
-from rankscope.wire.spans import rank_span
+from rankscope.text.spans import rank_span
 
 _NORM_PART = re.compile(r"norm(?!al)|^ln(_\w+|\d*)$", re.IGNORECASE)
 _NORM_LEAF = frozenset({"gamma", "beta"})

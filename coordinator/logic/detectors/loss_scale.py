@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from rankscope.config.detectors import LossScaleSettings
-from rankscope.coordinator.logic.aligner import StepView
+from rankscope.coordinator.logic.align.aligner import StepView
 from rankscope.coordinator.logic.detectors.common import first_flagged, kind_mask
 from rankscope.coordinator.logic.detectors.named import reduced_inputs
 from rankscope.coordinator.logic.verdict import JOB_WIDE, Verdict

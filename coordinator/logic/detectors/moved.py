@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from rankscope.coordinator.logic.aligner import StepView
+from rankscope.coordinator.logic.align.aligner import StepView
 from rankscope.coordinator.logic.detectors.common import first_flagged, make_verdict, stats_dict
 from rankscope.coordinator.logic.detectors.named import param_pairs
 from rankscope.coordinator.logic.verdict import Verdict

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from rankscope.coordinator.logic.columns import KeyTable
+from rankscope.coordinator.logic.align.columns import KeyTable
 from rankscope.wire.collective_names import CollectiveIO, parse_collective
 
 PARAM_START = "Sentinel.param."

@@ -23,7 +23,7 @@ import dataclasses
 
 import numpy as np
 
-from rankscope.coordinator.logic.aligner import NO_EXEC, StepView
+from rankscope.coordinator.logic.align.aligner import NO_EXEC, StepView
 from rankscope.coordinator.logic.detectors.common import (
     first_flagged,
     group_values,

@@ -19,7 +19,7 @@ import math
 import numpy as np
 
 from rankscope.config.detectors import OutlierSettings
-from rankscope.coordinator.logic.aligner import StepView
+from rankscope.coordinator.logic.align.aligner import StepView
 from rankscope.coordinator.logic.detectors.common import (
     first_flagged,
     group_values,

@@ -1,5 +1,5 @@
 """Progress: ranks that miss a step's deadline or lag their group (crashes and hangs are
-judged by :mod:`rankscope.coordinator.logic.failures`).
+judged by :mod:`rankscope.coordinator.logic.incidents.failures`).
 
 For every finding the step named is the first step the rank did not complete
 (its newest reported step + 1), which is what a user needs to look at: a rank
@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from rankscope.config.detectors import ProgressSettings
-from rankscope.coordinator.logic.aligner import (
+from rankscope.coordinator.logic.align.aligner import (
     LIVE_STATES,
     Group,
     RankRecord,
@@ -18,7 +18,7 @@ from rankscope.coordinator.logic.aligner import (
     StepView,
 )
 from rankscope.coordinator.logic.detectors.common import MAX_EVIDENCE_RANKS
-from rankscope.coordinator.logic.pace import Pace
+from rankscope.coordinator.logic.align.pace import Pace
 from rankscope.coordinator.logic.verdict import Verdict
 
 

@@ -30,7 +30,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from rankscope.coordinator.logic.aligner import StepView
+from rankscope.coordinator.logic.align.aligner import StepView
 from rankscope.coordinator.logic.detectors.common import (
     MAX_EVIDENCE_RANKS,
     crc_hex,
@@ -45,7 +45,7 @@ from rankscope.coordinator.logic.detectors import layout_copies, systematic
 from rankscope.coordinator.logic.detectors.named import PARAM_START, replicated_outputs
 from rankscope.coordinator.logic.verdict import Verdict
 from rankscope.wire.records import NO_CRC, REPLICATED_KINDS, Kind
-from rankscope.wire.spans import rank_span
+from rankscope.text.spans import rank_span
 
 #: Weights that differ at the first step watched were never the same: training cannot have
 #: pulled them apart yet, and MindSpore's data parallel does not make them equal by itself.
@@ -66,7 +66,7 @@ def signatures(view: StepView, cols: np.ndarray, rows: np.ndarray | None = None)
     """(R, len(cols)) uint64: equal iff CRC, numel and every stat's bits are equal (w.h.p.).
     A column where some present rank carries no checksum is compared without checksums:
     under the default watch a rank fingerprints a reduced gradient only on the steps its
-    rotation makes it due, and replicas may rotate at different rates (probe.budget)."""
+    rotation makes it due, and replicas may rotate at different rates (probe.vitals.budget)."""
     pick = (slice(None) if rows is None else rows[:, None], cols)
     bits = np.ascontiguousarray(view.stats[pick]).view(np.uint64)
     crc = view.crc[pick]

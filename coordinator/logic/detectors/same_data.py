@@ -23,12 +23,12 @@ from typing import Any
 
 import numpy as np
 
-from rankscope.coordinator.logic.aligner import StepView
+from rankscope.coordinator.logic.align.aligner import StepView
 from rankscope.coordinator.logic.detectors.common import kind_mask
 from rankscope.coordinator.logic.detectors.replica import signatures
 from rankscope.coordinator.logic.verdict import Verdict
 from rankscope.wire.records import Kind
-from rankscope.wire.spans import rank_span
+from rankscope.text.spans import rank_span
 
 NAME = "same_data"
 _KINDS = frozenset({int(Kind.GRAD_LOCAL), int(Kind.LOSS)})

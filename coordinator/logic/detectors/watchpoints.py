@@ -14,7 +14,7 @@ import numpy as np
 
 from rankscope.config.watchpoints import Condition as C
 from rankscope.config.watchpoints import WatchpointRule
-from rankscope.coordinator.logic.aligner import StepView
+from rankscope.coordinator.logic.align.aligner import StepView
 from rankscope.coordinator.logic.detectors.common import (
     first_flagged,
     group_values,

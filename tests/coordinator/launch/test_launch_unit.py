@@ -36,7 +36,7 @@ def test_child_env_drops_a_stale_config_when_none_given(tmp_path):
 
 
 def test_child_env_names_launchs_output_file_only_when_launch_prints(tmp_path):
-    from rankscope.wire.watch_line import LAUNCH_OUTPUT_ENV
+    from rankscope.text.watch_line import LAUNCH_OUTPUT_ENV
     stale = {LAUNCH_OUTPUT_ENV: "1:2"}  # from an outer launch: not this one's output
     assert LAUNCH_OUTPUT_ENV not in child_env(AttachSettings("j", "ipc://a", tmp_path), stale)
     env = child_env(AttachSettings("j", "ipc://a", tmp_path, launch_output="5:7"), stale)

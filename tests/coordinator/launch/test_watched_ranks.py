@@ -125,7 +125,7 @@ def test_several_processes_of_one_rank_are_one_unwatched_rank(tmp_path):
 
 
 def test_rank_span_shortens_runs():
-    from rankscope.wire.spans import rank_span
+    from rankscope.text.spans import rank_span
     assert rank_span([3]) == "rank 3"
     assert rank_span([0, 1]) == "ranks 0, 1"
     assert rank_span([5, 0, 1, 2, 3, 9, 10, 11]) == "ranks 0-3, 5, 9-11"

@@ -6,7 +6,7 @@ import pytest
 from logic_helpers import FakeClock, feed_step
 
 from rankscope.config.cluster import parse_cluster
-from rankscope.coordinator.logic.aligner import RankState, StepAligner
+from rankscope.coordinator.logic.align.aligner import RankState, StepAligner
 from rankscope.coordinator.logic.core import CoordinatorCore
 from rankscope.coordinator.logic.synthetic import SyntheticTraining
 from rankscope.wire.records import Kind, NameTable, StepBatchBuilder
@@ -98,7 +98,7 @@ def test_lone_dp_workers_await_the_servers_dp_size_before_their_first_batch() ->
 
 
 def test_expected_world_is_the_world_size_unless_a_lone_worker_names_its_dp_size() -> None:
-    from rankscope.coordinator.logic.aligner import expected_world
+    from rankscope.coordinator.logic.align.aligner import expected_world
     assert expected_world({"world_size": 8}) == 8
     assert expected_world({"world_size": 1, "dp_size": 4}) == 4
     assert expected_world({"dp_size": 4}) == 4

@@ -7,9 +7,9 @@ import numpy as np
 from logic_helpers import FakeClock, feed_step
 
 from rankscope.coordinator.logic.core import CoordinatorCore
-from rankscope.coordinator.logic.coverage import MAX_RUNS
-from rankscope.coordinator.logic.incident import IncidentEvent
-from rankscope.coordinator.logic.incident_book import MAX_INCIDENTS_PER_JOB
+from rankscope.coordinator.logic.views.coverage import MAX_RUNS
+from rankscope.coordinator.logic.incidents.incident import IncidentEvent
+from rankscope.coordinator.logic.incidents.incident_book import MAX_INCIDENTS_PER_JOB
 from rankscope.coordinator.logic.synthetic import SyntheticTraining
 from rankscope.coordinator.logic.verdict import Verdict
 from rankscope.dump.retention import DumpRetention, RetentionPolicy

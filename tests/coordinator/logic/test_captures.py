@@ -1,11 +1,11 @@
 """Captured values on the coordinator: the window of a slice on two ranks, their difference,
-where the largest one is, and a large tensor cut at the cap (rankscope.coordinator.logic.captures)."""
+where the largest one is, and a large tensor cut at the cap (rankscope.coordinator.logic.views.captures)."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from rankscope.coordinator.logic.captures import WINDOW, CaptureBook
+from rankscope.coordinator.logic.views.captures import WINDOW, CaptureBook
 from rankscope.wire import capture_values
 
 

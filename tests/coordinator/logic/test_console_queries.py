@@ -8,7 +8,7 @@ import json
 from logic_helpers import feed_step, run_synthetic
 
 from rankscope.config.watchpoints import blind_in, blind_watchpoints, parse_watchpoints
-from rankscope.coordinator.logic.recent import NONFINITE_DEVIATION
+from rankscope.coordinator.logic.views.recent import NONFINITE_DEVIATION
 from rankscope.coordinator.server.service_console import verdict_rows
 
 
@@ -89,7 +89,7 @@ def test_a_rule_says_what_the_default_watch_cannot_show_it():
 def test_a_watchpoint_rechecked_over_the_kept_steps_finds_a_past_hit_and_moves_nothing():
     """A rule made after the fact answers for the kept past: the NaN of step 7 is a hit at
     step 7 on rank 2; nothing is raised and the running watchpoints stay as they were."""
-    from rankscope.coordinator.logic.recheck import recheck
+    from rankscope.coordinator.logic.views.recheck import recheck
     core, sim, found = run_synthetic(12, _nan_on_rank2_at_step7)
     before = (len(core.verdicts), len(core.documents()))
     [rule] = parse_watchpoints([{"condition": "TO", "names": ["Sentinel.grad_local.*"]}])

@@ -7,7 +7,7 @@ import random
 from logic_helpers import FakeClock, feed_step
 
 from rankscope.coordinator.logic.core import CoordinatorCore
-from rankscope.coordinator.logic.coverage import Coverage, StepRanges, describe
+from rankscope.coordinator.logic.views.coverage import Coverage, StepRanges, describe
 from rankscope.coordinator.logic.synthetic import SyntheticTraining
 from rankscope.wire.sync import OUT, SyncPoint
 
@@ -136,7 +136,7 @@ def test_ranges_added_in_any_order_and_overlap_equal_a_plain_set():
 def test_runs_of_steps_keep_every_ranks_steps_even_when_the_ranks_change_often():
     """Judged steps are kept as runs with the same ranks, folded into per-rank ranges past
     MAX_RUNS: whatever the pattern, each rank's steps are exactly those it was judged in."""
-    import rankscope.coordinator.logic.coverage as coverage
+    import rankscope.coordinator.logic.views.coverage as coverage
 
     rng = random.Random(5)
     cov, model = Coverage(), {}

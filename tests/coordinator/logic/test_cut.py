@@ -11,7 +11,7 @@ import random
 from logic_helpers import FakeClock
 
 from rankscope.coordinator.logic.core import CoordinatorCore
-from rankscope.coordinator.logic.incident import ActionKind
+from rankscope.coordinator.logic.incidents.incident import ActionKind
 from rankscope.coordinator.logic.synthetic import SyntheticTraining
 from rankscope.wire.sync import IN, SyncPoint
 

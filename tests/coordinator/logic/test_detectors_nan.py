@@ -4,7 +4,7 @@ from __future__ import annotations
 from logic_helpers import FakeClock, feed_step, view_of
 
 from rankscope.config.cluster import parse_cluster
-from rankscope.coordinator.logic.aligner import StepAligner
+from rankscope.coordinator.logic.align.aligner import StepAligner
 from rankscope.coordinator.logic.core import CoordinatorCore
 from rankscope.coordinator.logic.detectors.nan_origin import NanOriginDetector
 from rankscope.coordinator.logic.synthetic import SyntheticTraining

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from rankscope.coordinator.logic.core import CoordinatorCore
-from rankscope.coordinator.logic.incident import ActionKind
+from rankscope.coordinator.logic.incidents.incident import ActionKind
 from tests.coordinator.logic.hybrid_sim import HybridTraining, tp_facts
 from tests.logic_helpers import FakeClock, feed_step
 

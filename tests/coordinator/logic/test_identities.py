@@ -1,7 +1,7 @@
 """Job-wide rank ids decided by the coordinator, across node agents."""
 from __future__ import annotations
 
-from rankscope.coordinator.logic.identities import JobIdentities, merge_rank_maps
+from rankscope.coordinator.logic.job.identities import JobIdentities, merge_rank_maps
 
 
 def test_dp_workers_all_claiming_zero_on_two_hosts_get_ids_0_to_n_minus_1():

@@ -10,10 +10,10 @@ import pytest
 from logic_helpers import FakeClock
 from test_sharded_verdicts import SETTINGS, _plain, _run, _scenario
 
-from rankscope.coordinator.logic.in_order import InOrder, Senders
-from rankscope.coordinator.logic.merge import VerdictMerge
-from rankscope.coordinator.logic.shard import ShardFindings
-from rankscope.coordinator.logic.sharded import ShardedCore
+from rankscope.coordinator.logic.align.in_order import InOrder, Senders
+from rankscope.coordinator.logic.shards.merge import VerdictMerge
+from rankscope.coordinator.logic.shards.shard import ShardFindings
+from rankscope.coordinator.logic.shards.sharded import ShardedCore
 from rankscope.coordinator.logic.verdict import Verdict
 
 

@@ -8,16 +8,16 @@ from logic_helpers import FakeClock, feed_step
 
 from rankscope.config.cluster import OnDivergence as P
 from rankscope.coordinator.logic.core import CoordinatorCore
-from rankscope.coordinator.logic.incident import (
+from rankscope.coordinator.logic.incidents.incident import (
     ActionKind,
     Incident,
     IncidentTransitionError,
     transition,
 )
-from rankscope.coordinator.logic.incident import (
+from rankscope.coordinator.logic.incidents.incident import (
     IncidentEvent as E,
 )
-from rankscope.coordinator.logic.incident import (
+from rankscope.coordinator.logic.incidents.incident import (
     IncidentState as S,
 )
 from rankscope.coordinator.logic.synthetic import SyntheticTraining

@@ -11,9 +11,9 @@ from logic_helpers import FakeClock, StepJudge, feed_step, run_synthetic, view_o
 from rankscope.config.cluster import OnDivergence
 from rankscope.coordinator.logic.core import CoordinatorCore
 from rankscope.coordinator.logic.detectors.replica import ReplicaDetector
-from rankscope.coordinator.logic.incident import Incident, IncidentEvent
-from rankscope.coordinator.logic.incident_store import incident_document
-from rankscope.coordinator.logic.recent import WINDOW_FIELDS, RecentSteps
+from rankscope.coordinator.logic.incidents.incident import Incident, IncidentEvent
+from rankscope.coordinator.logic.incidents.incident_store import incident_document
+from rankscope.coordinator.logic.views.recent import WINDOW_FIELDS, RecentSteps
 from rankscope.coordinator.logic.synthetic import SyntheticTraining
 from rankscope.coordinator.logic.verdict import Verdict
 

@@ -7,8 +7,8 @@ import logging
 import numpy as np
 
 from rankscope.config.cluster import OnDivergence
-from rankscope.coordinator.logic.incident import Incident, IncidentEvent
-from rankscope.coordinator.logic.incident_store import IncidentStore, write_incident
+from rankscope.coordinator.logic.incidents.incident import Incident, IncidentEvent
+from rankscope.coordinator.logic.incidents.incident_store import IncidentStore, write_incident
 from rankscope.coordinator.logic.verdict import Verdict
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 from logic_helpers import FakeClock, feed_step
 
 from rankscope.coordinator.logic.core import CoordinatorCore
-from rankscope.coordinator.logic.coverage import describe
+from rankscope.coordinator.logic.views.coverage import describe
 from rankscope.coordinator.logic.synthetic import SyntheticTraining
 from rankscope.coordinator.logic.verdict import JOB_WIDE
 from rankscope.wire.records import LOSS_SCALE_RECORD, Kind

@@ -95,8 +95,8 @@ def _same(a: dict, b: dict) -> None:
 
 
 def test_packed_parts_align_and_judge_exactly_as_batches_sent_one_by_one(monkeypatch):
-    import rankscope.coordinator.logic.aligner as aligner
-    import rankscope.coordinator.logic.packed_ingest as packed_ingest
+    import rankscope.coordinator.logic.align.aligner as aligner
+    import rankscope.coordinator.logic.align.packed_ingest as packed_ingest
 
     runs, singles, wholes = [], [], []
     real_run, real_write, real_whole = packed_ingest.Run.write, aligner.write_one, aligner.ingest_whole
@@ -138,7 +138,7 @@ def test_a_run_of_packed_parts_is_written_in_one_go():
     step0 = [simulated_batch("j", r, 0, 16, nrng) for r in range(64)]
     core.on_steps(step0)
     calls = []
-    import rankscope.coordinator.logic.packed_ingest as packed_ingest
+    import rankscope.coordinator.logic.align.packed_ingest as packed_ingest
     real = packed_ingest.Run.write
 
     def counted(run, *a):

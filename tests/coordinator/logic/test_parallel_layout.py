@@ -10,7 +10,7 @@ import pytest
 from rankscope.config.cluster import parse_cluster
 from rankscope.config.errors import ConfigError
 from rankscope.config.layout import LayoutSpec
-from rankscope.coordinator.logic.layout import LayoutBook, derive
+from rankscope.coordinator.logic.job.layout import LayoutBook, derive
 from tests.coordinator.logic.hybrid_sim import tp_facts
 
 

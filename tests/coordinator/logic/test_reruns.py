@@ -7,7 +7,7 @@ import pytest
 from logic_helpers import FakeClock
 
 from rankscope.coordinator.logic.core import CoordinatorCore
-from rankscope.coordinator.logic.reruns import KEEP_PER_RANK, LISTED_STEPS, RerunBook, strikes_text
+from rankscope.coordinator.logic.job.reruns import KEEP_PER_RANK, LISTED_STEPS, RerunBook, strikes_text
 from rankscope.coordinator.logic.verdict import Verdict
 
 

@@ -10,9 +10,9 @@ from logic_helpers import FakeClock
 from test_sharded_verdicts import SETTINGS, _scenario
 
 from rankscope.coordinator.logic.core import CoordinatorCore
-from rankscope.coordinator.logic.coverage import ShardedCoverage, StepRanges, describe
-from rankscope.coordinator.logic.sharded import ShardedCore
-from rankscope.coordinator.logic.summaries import combine_rows, merge_counters, merge_proofs
+from rankscope.coordinator.logic.views.coverage import ShardedCoverage, StepRanges, describe
+from rankscope.coordinator.logic.shards.sharded import ShardedCore
+from rankscope.coordinator.logic.shards.summaries import combine_rows, merge_counters, merge_proofs
 
 
 def _run(core, sim, stream):
@@ -120,7 +120,7 @@ def test_proofs_join_the_owner_window_and_every_shard_chain_in_order() -> None:
 
 
 def test_a_restarted_shard_is_told_the_job_as_the_verdict_side_knows_it() -> None:
-    from rankscope.coordinator.logic.shard import ShardCore, resync_events
+    from rankscope.coordinator.logic.shards.shard import ShardCore, resync_events
     core = CoordinatorCore({}, clock=FakeClock())
     for r in range(4):
         core.on_register("j", r, {"world_size": 4, "pid": 100 + r, "host": "h"})

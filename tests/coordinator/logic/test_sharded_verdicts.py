@@ -12,9 +12,9 @@ import pytest
 from logic_helpers import FakeClock, with_moment
 
 from rankscope.coordinator.logic.core import CoordinatorCore
-from rankscope.coordinator.logic.merge import VerdictMerge, merge_step
-from rankscope.coordinator.logic.shard import ShardCore, ShardFindings
-from rankscope.coordinator.logic.sharded import ShardedCore
+from rankscope.coordinator.logic.shards.merge import VerdictMerge, merge_step
+from rankscope.coordinator.logic.shards.shard import ShardCore, ShardFindings
+from rankscope.coordinator.logic.shards.sharded import ShardedCore
 from rankscope.coordinator.logic.synthetic import SyntheticTraining
 from rankscope.coordinator.logic.verdict import Verdict
 from rankscope.wire.records import Kind

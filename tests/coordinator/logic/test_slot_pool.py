@@ -7,8 +7,8 @@ import dataclasses
 import numpy as np
 
 from rankscope.config.cluster import parse_cluster
-from rankscope.coordinator.logic.aligner import StepAligner
-from rankscope.coordinator.logic.slots import SlotPool, StepSlot
+from rankscope.coordinator.logic.align.aligner import StepAligner
+from rankscope.coordinator.logic.align.slots import SlotPool, StepSlot
 from rankscope.coordinator.server.ingest_load import simulated_batch
 from rankscope.wire.columns import STEP_COLUMNS
 

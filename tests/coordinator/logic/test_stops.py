@@ -6,7 +6,7 @@ import signal
 
 from test_failures import T0, lost, make, settle, sync
 
-from rankscope.coordinator.logic.coverage import describe
+from rankscope.coordinator.logic.views.coverage import describe
 from rankscope.wire.sync import IN, OUT
 
 

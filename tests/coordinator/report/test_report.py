@@ -14,7 +14,7 @@ from repo_paths import DATA
 from rankscope.coordinator.cli import incidents as incidents_cli
 from rankscope.coordinator.cli import report as report_cli
 from rankscope.coordinator.report.fmt import num
-from rankscope.coordinator.logic.recent import NONFINITE_DEVIATION
+from rankscope.coordinator.logic.views.recent import NONFINITE_DEVIATION
 from rankscope.coordinator.report.history import history_from_series, save_history
 from rankscope.coordinator.report.render import MAX_CELLS, _window, render_report
 from rankscope.coordinator.report.where import cell_of, find_dump, frames_for, module_chain, user_frame
