@@ -78,7 +78,7 @@ class ConsoleQueries:
     def _console_columns(self, steps: int, since: dict | None) -> dict:
         verdicts = list(self.core.verdicts)[-MAX_VERDICTS:]
         return {"grid": self.core.series.tail(steps, since),
-                "verdicts": verdict_rows(verdicts, self._incidents()),  # type: ignore[attr-defined]
+                "verdicts": verdict_rows(verdicts, self.core.documents()),
                 "watchpoints": self._watchpoint_rows(), "sharded": self.link is not None}
 
     def _console_tensors(self, args: dict) -> dict | None:
